@@ -1,0 +1,49 @@
+# Set-up and everyday commands. `make demo` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The torch build installed into a fresh environment. On a machine without GPUs this pin takes the CPU wheel
+# where one is provided locally; elsewhere pip takes the standard (CUDA) build of the same release. An existing
+# torch in the environment is kept: override with `make TORCH_SPEC='torch==X' venv` or reuse an environment
+# that has torch already with `make VENV=/path/to/env`.
+TORCH_SPEC ?= torch==2.13.0
+NPROC ?= 2
+
+.PHONY: venv demo test test-unit test-gpu lint typecheck check bench clean
+
+$(VENV)/.ddpboot-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.ddpboot-installed
+
+# The main job: a real DDP training run through the launcher (NCCL on GPUs, gloo on CPU where there are none).
+demo: venv
+	$(VENV)/bin/ddpboot gpus
+	$(VENV)/bin/ddpboot plan --nproc $(NPROC)
+	$(VENV)/bin/ddpboot --nproc $(NPROC) examples/train.py
+
+test: venv
+	$(PY) -m pytest -q
+
+test-unit: venv
+	$(PY) -m pytest -q tests/unit
+
+test-gpu: venv
+	$(PY) -m pytest -q -m gpu
+
+lint: venv
+	$(VENV)/bin/ruff check ddpboot tests benchmarks examples
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+bench: venv
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

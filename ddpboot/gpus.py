@@ -1,0 +1,356 @@
+"""The machine's GPUs: read through NVML, or simulated with DDPBOOT_FAKE_GPUS.
+
+Nothing here imports torch or initialises CUDA: NVML lists every GPU of the machine whatever
+CUDA_VISIBLE_DEVICES says (which GPUs this process may use is visible.py's business).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid as uuidlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ddpboot.errors import InventoryError
+
+FAKE_GPUS_VAR = "DDPBOOT_FAKE_GPUS"
+GIB = 1024**3
+_FAKE_MEMORY = 80 * GIB
+_FAKE_NAME = "Simulated GPU 80GB"
+_MAX_FAKE = 1024
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One schedulable device: a whole GPU, or one MIG instance of a GPU (`mig_index` set).
+
+    `index` is the NVML index (PCI order, what nvidia-smi shows); a MIG instance carries its parent's
+    index and bus id.
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    name: str
+    memory_total: int
+    memory_used: int
+    utilization: int | None = None
+    processes: tuple[int, ...] = ()
+    cpu_affinity: tuple[int, ...] = ()
+    numa_node: int | None = None
+    mig_index: int | None = None
+    mig_devices: tuple[GPU, ...] = field(default=(), repr=False)
+
+    @property
+    def label(self) -> str:
+        """How a person names it: `3`, or `3:1` for MIG instance 1 of GPU 3."""
+        return str(self.index) if self.mig_index is None else f"{self.index}:{self.mig_index}"
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.mig_devices)
+
+    @property
+    def memory_free(self) -> int:
+        return max(self.memory_total - self.memory_used, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "name": self.name,
+            "memory_total": self.memory_total,
+            "memory_used": self.memory_used,
+        }
+        if self.mig_index is not None:
+            out["mig_index"] = self.mig_index
+        return out
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every GPU of the machine in PCI order, and how they were found."""
+
+    gpus: tuple[GPU, ...]
+    source: str  # "nvml", "fake" or "none"
+    notes: tuple[str, ...] = ()
+
+    def units(self) -> tuple[GPU, ...]:
+        """What ranks can be given: whole GPUs, and the MIG instances of MIG-enabled GPUs."""
+        out: list[GPU] = []
+        for gpu in self.gpus:
+            out.extend(gpu.mig_devices if gpu.mig_enabled else (gpu,))
+        return tuple(out)
+
+
+def load_inventory(env: Mapping[str, str] | None = None) -> Inventory:
+    """The simulated inventory when DDPBOOT_FAKE_GPUS is set, else NVML's."""
+    env = os.environ if env is None else env
+    spec = env.get(FAKE_GPUS_VAR)
+    if spec is not None and spec.strip() != "":
+        return fake_inventory(spec)
+    return nvml_inventory()
+
+
+# --- simulated inventory ---------------------------------------------------------------------------
+
+
+def fake_uuid(index: int) -> str:
+    """A stable, distinct UUID for simulated GPU `index` (distinct from its first characters on)."""
+    return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"ddpboot-fake-gpu-{index}"))
+
+
+def fake_bus_id(index: int) -> str:
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0" if index < 14 else f"00000001:{index:02X}:00.0"
+
+
+def fake_inventory(spec: str) -> Inventory:
+    """`8` (eight idle 80 GiB GPUs) or a path to a JSON list of GPU objects in PCI order."""
+    text = spec.strip()
+    if text.isdigit():
+        count = int(text)
+        if count > _MAX_FAKE:
+            raise InventoryError(
+                f"{FAKE_GPUS_VAR}={spec} asks for {count} simulated GPUs; at most {_MAX_FAKE} are supported."
+            )
+        gpus = tuple(GPU(i, fake_uuid(i), fake_bus_id(i), _FAKE_NAME, _FAKE_MEMORY, 0, 0) for i in range(count))
+        return Inventory(gpus, "fake", (f"simulated inventory: {count} idle GPUs ({FAKE_GPUS_VAR}={spec})",))
+    path = Path(text)
+    if not path.is_file():
+        raise InventoryError(
+            f"{FAKE_GPUS_VAR}={spec!r} is neither a GPU count nor a readable JSON file. "
+            f"Set it to a number (e.g. {FAKE_GPUS_VAR}=8) or to the path of a JSON list of GPU objects "
+            '(the format of `ddpboot gpus --json`\'s "gpus").'
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InventoryError(f"{FAKE_GPUS_VAR}: cannot read {path} as JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("gpus"), list):
+        data = data["gpus"]  # accept `ddpboot gpus --json` output as it is
+    if not isinstance(data, list):
+        raise InventoryError(
+            f"{FAKE_GPUS_VAR}: {path} must hold a JSON list of GPU objects, not {type(data).__name__}."
+        )
+    gpus = tuple(_fake_gpu(obj, i, path) for i, obj in enumerate(data))
+    seen: dict[str, int] = {}
+    for gpu in gpus:
+        for unit in (gpu, *gpu.mig_devices):
+            if unit.uuid in seen:
+                raise InventoryError(
+                    f"{FAKE_GPUS_VAR}: {path}: GPUs {seen[unit.uuid]} and {unit.label} share UUID {unit.uuid}."
+                )
+            seen[unit.uuid] = unit.index
+    return Inventory(gpus, "fake", (f"simulated inventory: {len(gpus)} GPUs from {path}",))
+
+
+def _fake_gpu(obj: Any, position: int, path: Path, parent: GPU | None = None) -> GPU:
+    where = (
+        f"{FAKE_GPUS_VAR}: {path}: GPU {position}"
+        if parent is None
+        else (f"{FAKE_GPUS_VAR}: {path}: GPU {parent.index} MIG device {position}")
+    )
+    if not isinstance(obj, dict):
+        raise InventoryError(f"{where} must be a JSON object, not {obj!r}.")
+    known = {
+        "index",
+        "uuid",
+        "pci_bus_id",
+        "name",
+        "memory_total",
+        "memory_used",
+        "utilization",
+        "processes",
+        "cpu_affinity",
+        "numa_node",
+        "mig_devices",
+        "mig_index",
+        "visible",
+        "busy",
+        "locked",
+        "memory_free",
+        "excluded",
+    }
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise InventoryError(f"{where} has unknown keys {unknown}; known keys: {sorted(known)}.")
+
+    def get(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        value = obj.get(key, default)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InventoryError(f"{where}: {key!r} must be {_kind_name(kind)}, not {value!r}.")
+        return value
+
+    index = parent.index if parent else get("index", int, position)
+    if parent is None and index != position:
+        raise InventoryError(f"{where} says index {index}; GPUs must be listed in PCI order with indices 0, 1, 2, ...")
+    memory_total = get("memory_total", int, _FAKE_MEMORY)
+    memory_used = get("memory_used", int, 0)
+    if memory_total < 0 or memory_used < 0 or memory_used > memory_total:
+        raise InventoryError(f"{where}: memory_used {memory_used} must lie between 0 and memory_total {memory_total}.")
+    utilization = get("utilization", int, 0)
+    if utilization is not None and not 0 <= utilization <= 100:
+        raise InventoryError(f"{where}: utilization must be a percentage 0-100, not {utilization}.")
+    processes = get("processes", list, [])
+    cpus = get("cpu_affinity", list, [])
+    for name, values in (("processes", processes), ("cpu_affinity", cpus)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise InventoryError(f"{where}: {name!r} must be a list of non-negative integers.")
+    uuid = get("uuid", str, None)
+    if uuid is None:
+        uuid = fake_uuid(index) if parent is None else "MIG-" + fake_uuid(1000 * index + position)[4:]
+    prefix = "GPU-" if parent is None else "MIG-"
+    if not uuid.startswith(prefix):
+        raise InventoryError(f"{where}: uuid {uuid!r} must start with {prefix!r}.")
+    gpu = GPU(
+        index=index,
+        uuid=uuid,
+        pci_bus_id=parent.pci_bus_id if parent else get("pci_bus_id", str, fake_bus_id(index)),
+        name=get("name", str, _FAKE_NAME),
+        memory_total=memory_total,
+        memory_used=memory_used,
+        utilization=utilization,
+        processes=tuple(processes),
+        cpu_affinity=tuple(cpus) if parent is None else parent.cpu_affinity,
+        numa_node=get("numa_node", int, None) if parent is None else parent.numa_node,
+        mig_index=position if parent else None,
+    )
+    migs = get("mig_devices", list, []) if parent is None else []
+    if migs:
+        children = tuple(_fake_gpu(m, j, path, parent=gpu) for j, m in enumerate(migs))
+        gpu = GPU(**{**gpu.__dict__, "mig_devices": children})
+    return gpu
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+# --- NVML ------------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_inventory() -> Inventory:
+    """Every GPU NVML can read. No driver or no NVML: an empty inventory and a note, never a traceback."""
+    try:
+        import pynvml
+    except ImportError:
+        return Inventory(
+            (), "none", ("nvidia-ml-py is not installed, so no GPUs can be listed; planning for CPU ranks",)
+        )
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return Inventory((), "none", (f"no NVIDIA driver found (NVML: {exc}); planning for CPU ranks",))
+    except OSError as exc:  # a broken libnvidia-ml
+        return Inventory((), "none", (f"NVML could not be loaded ({exc}); planning for CPU ranks",))
+    notes: list[str] = []
+    gpus: list[GPU] = []
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        for i in range(count):
+            try:
+                gpus.append(_read_gpu(pynvml, i))
+            except pynvml.NVMLError as exc:
+                notes.append(f"GPU {i}: NVML could not read it ({exc}); skipped")
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return Inventory(tuple(gpus), "nvml", tuple(notes))
+
+
+def _read_gpu(nv: Any, index: int) -> GPU:
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+
+    def soft(fn: Callable[[], T], default: T) -> T:
+        try:
+            return fn()
+        except nv.NVMLError:
+            return default
+
+    bus_id = _text(nv.nvmlDeviceGetPciInfo(h).busId)
+    total, used = _memory(nv, h)
+    mig_devices: tuple[GPU, ...] = ()
+    parent = GPU(
+        index=index,
+        uuid=_text(nv.nvmlDeviceGetUUID(h)),
+        pci_bus_id=bus_id,
+        name=_text(nv.nvmlDeviceGetName(h)),
+        memory_total=total,
+        memory_used=used,
+        utilization=soft(lambda: int(nv.nvmlDeviceGetUtilizationRates(h).gpu), None),
+        processes=soft(lambda: tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)), ()),
+        cpu_affinity=soft(lambda: _cpu_affinity(nv, h), ()),
+        numa_node=_numa_node(bus_id),
+    )
+    current = soft(lambda: nv.nvmlDeviceGetMigMode(h)[0], 0)
+    if current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+        mig_devices = _mig_devices(nv, h, parent)
+    return GPU(**{**parent.__dict__, "mig_devices": mig_devices}) if mig_devices else parent
+
+
+def _memory(nv: Any, h: Any) -> tuple[int, int]:
+    """(total, used); v2 separates driver-reserved memory from what processes use."""
+    try:
+        info = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+    except (AttributeError, TypeError, nv.NVMLError):
+        info = nv.nvmlDeviceGetMemoryInfo(h)
+    return int(info.total), int(info.used)
+
+
+def _cpu_affinity(nv: Any, h: Any) -> tuple[int, ...]:
+    ncpu = os.cpu_count() or 1
+    words = (ncpu + 63) // 64
+    masks = nv.nvmlDeviceGetCpuAffinity(h, words)
+    return tuple(w * 64 + b for w, mask in enumerate(masks) for b in range(64) if int(mask) >> b & 1)
+
+
+def _numa_node(bus_id: str) -> int | None:
+    """NVML's NUMA query is unsupported on some x86 hosts; sysfs knows (FACTS §3)."""
+    try:
+        domain, rest = bus_id.split(":", 1)
+        path = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node")
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _mig_devices(nv: Any, h: Any, parent: GPU) -> tuple[GPU, ...]:
+    out: list[GPU] = []
+    try:
+        count = nv.nvmlDeviceGetMaxMigDeviceCount(h)
+    except nv.NVMLError:
+        return ()
+    for j in range(count):
+        try:
+            mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            total, used = _memory(nv, mh)
+            out.append(
+                GPU(
+                    index=parent.index,
+                    uuid=_text(nv.nvmlDeviceGetUUID(mh)),
+                    pci_bus_id=parent.pci_bus_id,
+                    name=f"{parent.name} MIG {total // GIB}g",
+                    memory_total=total,
+                    memory_used=used,
+                    cpu_affinity=parent.cpu_affinity,
+                    numa_node=parent.numa_node,
+                    mig_index=len(out),
+                )
+            )
+        except nv.NVMLError:
+            continue  # NotFound: an empty slot
+    return tuple(out)

@@ -1,0 +1,47 @@
+"""Byte sizes as people write them ("24GiB", "500MB", "1073741824")."""
+
+from __future__ import annotations
+
+import re
+
+from ddpboot.errors import UsageError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Parse a byte count: a plain integer, or a number with a unit (KB, MiB, GB, GiB, ...)."""
+    m = _SIZE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(
+            f"{what} {text!r} is not a size. Give bytes or a number with a unit, e.g. 512MiB, 2GiB, 1.5GB."
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: int | None) -> str:
+    """1536 MiB -> '1.5 GiB'; binary units, as nvidia-smi shows memory."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit in ("B", "KiB") else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
