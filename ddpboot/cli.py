@@ -17,8 +17,10 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
+from ddpboot.affinity import format_cpu_list
 from ddpboot.errors import DdpbootError, UsageError
 from ddpboot.gpus import GPU, Inventory, load_inventory
+from ddpboot.locks import current_holders, lock_dir
 from ddpboot.plan import DEFAULT_MAX_UTIL, Plan, Request, busy_reasons, make_plan, resolve_list
 from ddpboot.units import format_size, parse_size
 from ddpboot.visible import resolve_visible
@@ -81,6 +83,8 @@ class Selection:
     max_util: int
     nnodes: str
     node_rank: int
+    cpu_affinity: str
+    share: bool
 
 
 _SEL = "Selection"
@@ -216,6 +220,36 @@ SELECTION_PARAMS = [
             ),
         ],
     ),
+    inspect.Parameter(
+        "cpu_affinity",
+        inspect.Parameter.KEYWORD_ONLY,
+        default="auto",
+        annotation=Annotated[
+            str,
+            typer.Option(
+                "--cpu-affinity",
+                envvar="DDPBOOT_CPU_AFFINITY",
+                help="`auto`: bind each rank to the cores near its GPU (NVML), split fairly among ranks sharing "
+                "them, within the cores ddpboot may use; `none`: no binding; a list (0-15) split among the ranks, "
+                "or one list per rank separated by ';' (0-7;8-15). Unless OMP_NUM_THREADS is set, each rank gets "
+                "its share of cores as OMP_NUM_THREADS.",
+                rich_help_panel=_SEL,
+            ),
+        ],
+    ),
+    inspect.Parameter(
+        "share",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            typer.Option(
+                "--share",
+                help="Use GPUs named in --gpus even if another ddpboot job holds them (their locks are not taken).",
+                rich_help_panel=_SEL,
+            ),
+        ],
+    ),
 ]
 _SELECTION_NAMES = [p.name for p in SELECTION_PARAMS]
 
@@ -259,14 +293,25 @@ def build_request(sel: Selection) -> Request:
         max_util=sel.max_util,
         nnodes=nnodes,
         node_rank=sel.node_rank,
+        cpu_affinity=sel.cpu_affinity,
+        share=sel.share,
     )
 
 
 def plan_for(sel: Selection, env: Mapping[str, str] | None = None) -> Plan:
-    """The plan this node would run, from options and the environment (inventory, CUDA_VISIBLE_DEVICES, ...)."""
+    """The plan this node would run now, from options and the environment (inventory, CUDA_VISIBLE_DEVICES,
+    GPUs other ddpboot jobs hold). The launcher plans through `ddpboot.reserve`, which also takes the locks."""
     env = os.environ if env is None else env
     req = build_request(sel)
-    return make_plan(req, load_inventory(env), env, cpu_count=len(os.sched_getaffinity(0)))
+    inventory = load_inventory(env)
+    held = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
+    return make_plan(
+        req,
+        inventory,
+        env,
+        allowed_cpus=sorted(os.sched_getaffinity(0)),
+        locked={u: h.describe() for u, h in held.items()},
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------------
@@ -288,11 +333,13 @@ def render_plan(plan: Plan) -> None:
     )
     con.print(head)
     table = Table(show_edge=False, header_style="bold")
-    for col in ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device"):
+    cols = ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device", "cores")
+    for col in cols:
         table.add_column(col, no_wrap=col in ("UUID", "PCI bus id", "CUDA_VISIBLE_DEVICES"))
     for slot in plan.ranks:
+        cores = format_cpu_list(slot.cpus) or "any"
         if not slot.gpus:
-            table.add_row(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu")
+            table.add_row(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu", cores)
             continue
         cvd = ",".join(_short(u) for u in slot.cuda_visible_devices.split(","))
         if plan.isolation == "node" and len(plan.ranks) > 1:
@@ -310,6 +357,7 @@ def render_plan(plan: Plan) -> None:
                 format_size(gpu.memory_free),
                 cvd if first else "",
                 f"{device} = GPU {gpu.label}",
+                cores if first else "",
             )
     con.print(table)
     for note in plan.notes:
@@ -320,10 +368,12 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
     """One record per GPU (and MIG instance) with the derived states `ddpboot gpus` shows."""
     visible = resolve_visible(inventory, env)
     excluded = {u.uuid for u in resolve_list(req.exclude, inventory, "--exclude")} if req.exclude else set()
+    holders = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
     out = []
 
     def record(unit: GPU) -> dict[str, Any]:
         reasons = busy_reasons(unit, req)
+        holder = holders.get(unit.uuid)
         rec = unit.to_json()
         rec.update(
             utilization=unit.utilization,
@@ -334,7 +384,8 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
             busy=bool(reasons),
             busy_reasons=reasons,
             excluded=unit.uuid in excluded,
-            locked=False,
+            locked=holder is not None,
+            locked_by=holder.__dict__ if holder else None,
         )
         return rec
 
@@ -358,7 +409,10 @@ def render_gpus(records: list[dict[str, Any]], inventory: Inventory) -> None:
         table.add_column(col, no_wrap=True)
 
     def row(rec: dict[str, Any], label: str) -> None:
-        if not rec["visible"]:
+        if rec["locked"]:
+            h = rec["locked_by"]
+            state = f"[magenta]locked[/] by {h['user']} (pid {h['pid']}: {h['command']})"
+        elif not rec["visible"]:
             state = "[dim]not visible[/]"
         elif rec["excluded"]:
             state = "[dim]excluded[/]"

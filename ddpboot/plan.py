@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpboot.affinity import assign_cores, explicit_cores
 from ddpboot.errors import PlanError, UsageError
 from ddpboot.gpus import GPU, Inventory
 from ddpboot.units import format_size
@@ -42,6 +43,8 @@ class Request:
     max_util: int = DEFAULT_MAX_UTIL
     nnodes: int = 1
     node_rank: int = 0
+    cpu_affinity: str = "auto"  # "auto" (near each rank's GPU), "none", or a core list
+    share: bool = False  # use GPUs named in --gpus even when another ddpboot job holds their lock
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class RankSlot:
     gpus: tuple[GPU, ...]
     cuda_visible_devices: str
     device: str  # what the worker should use: "cuda:0", "cuda:3" (node isolation) or "cpu"
+    cpus: tuple[int, ...] = ()  # the cores the worker is bound to; empty: not bound
+    omp_threads: int = 1  # OMP_NUM_THREADS when the user has not set it: the rank's share of the cores
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +63,8 @@ class RankSlot:
             "local_rank": self.local_rank,
             "cuda_visible_devices": self.cuda_visible_devices,
             "device": self.device,
+            "cpus": list(self.cpus),
+            "omp_threads": self.omp_threads,
             "gpus": [g.to_json() for g in self.gpus],
         }
 
@@ -188,9 +195,11 @@ def resolve_list(text: str, inventory: Inventory, option: str) -> tuple[GPU, ...
 # --- busy ------------------------------------------------------------------------------------------
 
 
-def busy_reasons(gpu: GPU, req: Request) -> list[str]:
-    """Why automatic selection would not pick this GPU (empty: it is free)."""
+def busy_reasons(gpu: GPU, req: Request, locked: Mapping[str, str] | None = None) -> list[str]:
+    """Why automatic selection would not pick this GPU (empty: it is free). `locked`: uuid → holder."""
     reasons = []
+    if locked and gpu.uuid in locked:
+        reasons.append(f"locked by {locked[gpu.uuid]}")
     if gpu.memory_used > req.max_used_memory:
         reasons.append(f"{format_size(gpu.memory_used)} used > {format_size(req.max_used_memory)}")
     if gpu.utilization is not None and gpu.utilization > req.max_util:
@@ -221,9 +230,18 @@ def make_plan(
     req: Request,
     inventory: Inventory,
     env: Mapping[str, str],
-    cpu_count: int = 1,
+    cpu_count: int | None = None,
+    allowed_cpus: Sequence[int] | None = None,
+    locked: Mapping[str, str] | None = None,
 ) -> Plan:
-    """The rank → GPU map for this node. Pure: every input is an argument."""
+    """The rank → GPU map for this node. Pure: every input is an argument.
+
+    `allowed_cpus` are the cores the launcher may use (its own affinity); `cpu_count` defaults to their number.
+    `locked` maps the UUIDs of GPUs that other ddpboot jobs hold to a description of the holder.
+    """
+    locked = locked or {}
+    allowed = tuple(allowed_cpus) if allowed_cpus is not None else tuple(range(cpu_count or 1))
+    cpu_count = len(allowed) if cpu_count is None else cpu_count
     if req.isolation not in ISOLATIONS:
         raise UsageError(
             f"--isolation {req.isolation!r}: choose rank (one GPU set per worker) or node (all, as torchrun)."
@@ -245,7 +263,7 @@ def make_plan(
         if k != 1:
             raise UsageError(f"--gpus-per-proc {k} needs GPUs, but {why}.")
         notes.append(f"{n} CPU rank{'s' if n != 1 else ''} (gloo): {why}")
-        return _build(req, [() for _ in range(n)], "gloo", notes, inventory, visible)
+        return _build(req, [() for _ in range(n)], "gloo", notes, inventory, visible, allowed)
 
     if req.cpu:
         if req.gpus:
@@ -283,11 +301,16 @@ def make_plan(
         if nproc in ("auto",):
             raise UsageError("--nproc auto chooses GPUs itself; with --gpus, leave --nproc out.")
         for unit in chosen:
-            reasons = busy_reasons(unit, req)
+            if unit.uuid in locked and not req.share:
+                raise PlanError(
+                    f"--gpus {req.gpus}: GPU {unit.label} is locked by another ddpboot job: {locked[unit.uuid]}. "
+                    "Choose other GPUs, wait for it (--wait-for-gpus), or use it anyway with --share."
+                )
+            reasons = busy_reasons(unit, req, locked)
             if reasons:
                 notes.append(f"GPU {unit.label} is busy ({'; '.join(reasons)}) but was asked for explicitly")
         groups = [tuple(chosen[i : i + k]) for i in range(0, len(chosen), k)]
-        return _build(req, groups, "nccl", notes, inventory, visible)
+        return _build(req, groups, "nccl", notes, inventory, visible, allowed)
 
     candidates = [u for u in visible.units if u.uuid not in is_excluded]
     wants_gpu = nproc == "gpu" or k > 1
@@ -315,11 +338,15 @@ def make_plan(
         )
 
     # `gpu` means every allowed GPU, busy or not (e.g. those a SLURM job was given); otherwise only free ones.
-    pool = candidates if nproc == "gpu" else [u for u in candidates if not busy_reasons(u, req)]
+    pool = (
+        [u for u in candidates if u.uuid not in locked]
+        if nproc == "gpu"
+        else [u for u in candidates if not busy_reasons(u, req, locked)]
+    )
     if nproc == "gpu" or nproc == "auto":
         n = len(pool) // k
         if n == 0:
-            raise PlanError(_shortage(1, k, pool, candidates, excluded, visible, inventory, req))
+            raise PlanError(_shortage(1, k, pool, candidates, excluded, visible, inventory, req, locked))
         if len(pool) % k:
             notes.append(f"{len(pool) % k} GPU(s) left unused: {len(pool)} GPUs do not split into groups of {k}")
         for unit in pool:
@@ -330,7 +357,7 @@ def make_plan(
         n = nproc if isinstance(nproc, int) else 1
     need = n * k
     if len(pool) < need:
-        raise PlanError(_shortage(n, k, pool, candidates, excluded, visible, inventory, req))
+        raise PlanError(_shortage(n, k, pool, candidates, excluded, visible, inventory, req, locked))
     position = {u.uuid: i for i, u in enumerate(visible.units)}
     ranked = sorted(
         pool,
@@ -342,7 +369,7 @@ def make_plan(
     )
     chosen_units = sorted(ranked[:need], key=lambda u: position[u.uuid])
     groups = [tuple(chosen_units[i : i + k]) for i in range(0, need, k)]
-    return _build(req, groups, "nccl", notes, inventory, visible)
+    return _build(req, groups, "nccl", notes, inventory, visible, allowed)
 
 
 def _shortage(
@@ -354,6 +381,7 @@ def _shortage(
     visible: Visible,
     inventory: Inventory,
     req: Request,
+    locked: Mapping[str, str],
 ) -> str:
     need = n * k
     ranks, gpus, free = _plural(n, "rank"), _plural(k, "GPU"), _plural(need, "free GPU")
@@ -362,7 +390,9 @@ def _shortage(
         f"but only {len(pool)} {'is' if len(pool) == 1 else 'are'} free ({', '.join(u.label for u in pool) or 'none'})"
     ]
     parts.append(_gpu_range(inventory))
-    busy = [f"{u.label} ({'; '.join(busy_reasons(u, req))})" for u in candidates if busy_reasons(u, req)]
+    busy = [
+        f"{u.label} ({'; '.join(busy_reasons(u, req, locked))})" for u in candidates if busy_reasons(u, req, locked)
+    ]
     if busy:
         parts.append("busy: " + ", ".join(busy))
     if excluded:
@@ -386,9 +416,26 @@ def _build(
     notes: list[str],
     inventory: Inventory,
     visible: Visible,
+    allowed: tuple[int, ...],
 ) -> Plan:
     nlocal = len(groups)
     everything = ",".join(u.uuid for g in groups for u in g)
+    mode = req.cpu_affinity.strip().lower()
+    if mode == "none":
+        cores: list[tuple[int, ...]] = [() for _ in groups]
+        share = max(1, len(allowed) // max(nlocal, 1))
+        threads = [share] * nlocal
+    else:
+        if mode == "auto":
+            cores = assign_cores([tuple(c for u in g for c in u.cpu_affinity) for g in groups], allowed)
+        else:
+            cores = explicit_cores(req.cpu_affinity, nlocal, allowed)
+        # A rank's share; ranks that had to share cores (more ranks than cores) get one thread each.
+        users: dict[int, int] = {}
+        for cs in cores:
+            for c in cs:
+                users[c] = users.get(c, 0) + 1
+        threads = [max(1, sum(1 for c in cs if users[c] == 1)) for cs in cores]
     slots = []
     for local, group in enumerate(groups):
         if not group:
@@ -397,7 +444,7 @@ def _build(
             cvd, device = ",".join(u.uuid for u in group), "cuda:0"
         else:
             cvd, device = everything, f"cuda:{local * len(group)}"
-        slots.append(RankSlot(req.node_rank * nlocal + local, local, group, cvd, device))
+        slots.append(RankSlot(req.node_rank * nlocal + local, local, group, cvd, device, cores[local], threads[local]))
     return Plan(
         ranks=tuple(slots),
         world_size=nlocal * req.nnodes,

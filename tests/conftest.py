@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
+# GPU locks taken by the processes tests start go here, not into the machine's shared lock directory.
+_LOCK_DIR = tempfile.mkdtemp(prefix="ddpboot-test-locks-")
+atexit.register(shutil.rmtree, _LOCK_DIR, True)
 
 
 def ddpboot_exe() -> list[str]:
@@ -42,6 +47,7 @@ def clean_env(**extra: str) -> dict[str, str]:
         "OMP_NUM_THREADS",
     }
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
+    env["DDPBOOT_LOCK_DIR"] = _LOCK_DIR
     env.update(extra)
     return env
 

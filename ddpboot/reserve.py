@@ -1,0 +1,77 @@
+"""Choose GPUs around the ones other ddpboot jobs hold, then lock the choice; optionally wait until it can be had.
+
+Two launchers started at the same instant may plan the same free GPUs; `acquire` lets exactly one of them lock
+them (all or nothing), and the other plans again around the locks it now sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from ddpboot.errors import PlanError, UsageError
+from ddpboot.gpus import Inventory
+from ddpboot.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
+from ddpboot.plan import Plan
+
+PlanWith = Callable[[Inventory, Mapping[str, str]], Plan]
+
+
+def parse_wait(text: str | None) -> float | None:
+    """`--wait-for-gpus`: seconds, or with a unit (90s, 10m, 2h), or `inf`; None when not given."""
+    if text is None:
+        return None
+    t = text.strip().lower()
+    if t in ("inf", "forever"):
+        return float("inf")
+    scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1:], 1) if t else 1
+    number = t[:-1] if t[-1:] in ("s", "m", "h") else t
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise UsageError(f"--wait-for-gpus {text!r} is not a duration: give seconds (600), 10m, 2h or inf.") from None
+    if not value > 0:
+        raise UsageError(f"--wait-for-gpus {text!r}: the time to wait must be positive (or inf).")
+    return value
+
+
+def reserve(
+    load: Callable[[], Inventory],
+    plan_with: PlanWith,
+    directory: Path,
+    wait: float | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+    share: bool = False,
+    poll: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Plan, GpuLocks | None]:
+    """The plan and the locks on its GPUs. Without `wait`, a plan that cannot be had now raises at once."""
+    prepare_lock_dir(directory)
+    deadline = None if wait is None else clock() + wait
+    last_reason = ""
+    while True:
+        inventory = load()
+        uuids = [u.uuid for u in inventory.units()]
+        holders = current_holders(uuids, directory)
+        try:
+            plan = plan_with(inventory, {u: h.describe() for u, h in holders.items()})
+        except PlanError as exc:
+            if deadline is None or clock() >= deadline:
+                raise
+            reason = str(exc)
+            if reason != last_reason:
+                progress(f"waiting for GPUs: {reason}")
+                last_reason = reason
+            sleep(min(poll, max(deadline - clock(), 0.0)))
+            continue
+        wanted = [g.uuid for slot in plan.ranks for g in slot.gpus]
+        if share:
+            wanted = [u for u in wanted if u not in holders]
+        if not wanted:
+            return plan, None
+        try:
+            return plan, acquire(wanted, directory)
+        except GpusLockedError:
+            continue  # another job locked some of them between our look and our lock: plan again around it
