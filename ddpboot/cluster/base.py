@@ -1,0 +1,155 @@
+"""The interface every cluster environment implements, and the checked readers they share.
+
+A cluster environment answers "who am I in this job?" (ranks, sizes, where the rendezvous store is) from the
+variables some launcher left in the environment. Each implementation is a pure function of the mapping it is given:
+it never reads `os.environ` itself, so tests can feed it any environment and two environments can be compared side
+by side. Everything is read and checked in the constructor, so a bad variable fails at startup, naming itself,
+instead of half-way through `init_process_group`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from ddpboot.errors import WorkerEnvError
+
+
+class ClusterEnvironment(abc.ABC):
+    """Where this process's ranks, sizes and rendezvous address come from (torchrun variables, SLURM, ...).
+
+    Adding a source (LSF, Kubernetes, ...) is one new subclass: a `detect` that says whether its launcher started
+    this process, and a constructor that reads the eight values below.
+    """
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """Whether `env` looks like a process started by this environment's launcher. Cheap; never raises."""
+
+    @abc.abstractmethod
+    def __init__(self, env: Mapping[str, str]) -> None:
+        """Read and check every value from `env`; raise `WorkerEnvError` naming the variable that is wrong."""
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+
+    @property
+    @abc.abstractmethod
+    def global_rank(self) -> int:
+        """This process's rank in the job, 0 .. world_size-1."""
+
+    @property
+    @abc.abstractmethod
+    def local_rank(self) -> int:
+        """This process's index among the processes of its node, 0 .. local_world_size-1."""
+
+    @property
+    @abc.abstractmethod
+    def local_world_size(self) -> int:
+        """Number of processes on this node."""
+
+    @property
+    @abc.abstractmethod
+    def node_rank(self) -> int:
+        """This node's index in the job, 0 .. nnodes-1."""
+
+    @property
+    @abc.abstractmethod
+    def nnodes(self) -> int:
+        """Number of nodes in the job."""
+
+    @property
+    @abc.abstractmethod
+    def main_address(self) -> str:
+        """Host of the rendezvous store (MASTER_ADDR)."""
+
+    @property
+    @abc.abstractmethod
+    def main_port(self) -> int:
+        """Port of the rendezvous store (MASTER_PORT)."""
+
+    def describe(self) -> str:
+        """One line for logs and `ddpboot plan`."""
+        return (
+            f"{self.name}: rank {self.global_rank}/{self.world_size}, local rank "
+            f"{self.local_rank}/{self.local_world_size}, node {self.node_rank}/{self.nnodes}, "
+            f"store {self.main_address}:{self.main_port}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] | None:
+    """The first of `names` that is set to a non-empty value, as (name, value); None if none is.
+
+    SLURM spells several values twice (SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_STEP_ID / SLURM_STEPID) and an
+    empty variable is how job scripts commonly "unset" one, so empty counts as unset.
+    """
+    for name in names:
+        value = env.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+def require(env: Mapping[str, str], names: str | Sequence[str], context: str) -> tuple[str, str]:
+    """(name, value) of the first of `names` that is set; WorkerEnvError naming all of them otherwise.
+
+    `context` says why the variable was expected (which launcher was detected) and what to do.
+    """
+    candidates = [names] if isinstance(names, str) else list(names)
+    found = first_set(env, candidates)
+    if found is None:
+        which = candidates[0] if len(candidates) == 1 else " or ".join(candidates)
+        raise WorkerEnvError(f"{which} is not set. {context}")
+    return found
+
+
+def read_int(env: Mapping[str, str], names: str | Sequence[str], context: str, *, minimum: int = 0) -> tuple[str, int]:
+    """(name, value) of the first of `names` that is set, parsed as an integer >= `minimum`."""
+    name, raw = require(env, names, context)
+    return name, parse_int(name, raw, minimum=minimum)
+
+
+def parse_int(name: str, raw: str, *, minimum: int = 0) -> int:
+    """`raw` (the value of variable `name`) as an integer >= `minimum`; WorkerEnvError naming `name` otherwise."""
+    text = raw.strip()
+    if not text.isdecimal() or not text.isascii():
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise WorkerEnvError(f"{name}={raw!r} is not {kind}.")
+    value = int(text)
+    if value < minimum:
+        raise WorkerEnvError(f"{name}={raw!r} must be at least {minimum}.")
+    return value
+
+
+def parse_port(name: str, raw: str) -> int:
+    """A TCP port from variable `name`: 1..65535 (0 would mean "any port", which peers cannot connect to)."""
+    port = parse_int(name, raw, minimum=1)
+    if port > 65535:
+        raise WorkerEnvError(f"{name}={raw!r} is not a TCP port (1..65535).")
+    return port
+
+
+def check_below(name: str, value: int, bound_name: str, bound: int) -> None:
+    """Raise WorkerEnvError unless value < bound, e.g. RANK < WORLD_SIZE; both variables are named."""
+    if value >= bound:
+        raise WorkerEnvError(
+            f"{name}={value} is not below {bound_name}={bound}: the launcher's variables contradict each other "
+            f"({name} counts from 0 and must be less than {bound_name})."
+        )
+
+
+def check_at_most(name: str, value: int, bound_name: str, bound: int) -> None:
+    """Raise WorkerEnvError unless value <= bound, e.g. LOCAL_WORLD_SIZE <= WORLD_SIZE."""
+    if value > bound:
+        raise WorkerEnvError(
+            f"{name}={value} is larger than {bound_name}={bound}: the launcher's variables contradict each other."
+        )
