@@ -485,6 +485,48 @@ def gpus_cmd(
         render_gpus(records, inventory)
 
 
+@tools.command("smoke", epilog=INDEX_RULES)
+@handle_errors
+@with_selection
+def smoke_cmd(
+    selection: Selection,
+    checks: Annotated[
+        str | None,
+        typer.Option("--checks", help="Run only these checks (comma list). Default: all. Names: "
+                     "mapping, all_reduce, broadcast, all_gather, reduce_scatter, barrier, ddp, bandwidth, "
+                     "isolation, timing."),
+    ] = None,
+    max_bytes: Annotated[
+        str, typer.Option("--max-bytes", help="Largest all_reduce for the bandwidth check (capped to free memory).")
+    ] = "64MiB",
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds for the whole run; a hang becomes a failed check.")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    junit: Annotated[
+        str | None, typer.Option("--junit-xml", help="Also write a JUnit XML report here (for CI systems).")
+    ] = None,
+) -> None:
+    """Run a multi-GPU self-test on the planned ranks: mapping, collectives, DDP, bandwidth, isolation, timing.
+
+    Exit 0 only when every check passed."""
+    from ddpboot.smoke import junit_xml, parse_checks, render, run_smoke
+
+    names = parse_checks(checks)
+    if timeout <= 0:
+        raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
+    plan = plan_for(selection)
+    report = run_smoke(plan, names, parse_size(max_bytes, "--max-bytes"), timeout)
+    if junit:
+        with open(junit, "w") as f:
+            f.write(junit_xml(report))
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        render(report, _console())
+    raise typer.Exit(0 if report.passed else 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: a tool when the first argument names one, else a job."""
     args = sys.argv[1:] if argv is None else argv
