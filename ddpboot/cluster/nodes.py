@@ -1,0 +1,97 @@
+"""Where a launcher's node count, node rank and store address come from: flags, SLURM, or one node.
+
+Precedence: explicit flags (`--nnodes`, `--node-rank`, `--master-addr`, `--master-port`, or their PET_* defaults)
+win; inside a srun step (one ddpboot per node) SLURM supplies what the flags do not, and a flag that contradicts
+SLURM wins with a note; otherwise the job is one node with its store on loopback, on a port the launcher binds
+itself (no port race). `ddpboot plan` prints which source was used.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
+from ddpboot.errors import UsageError
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int | None  # None: one node, the launcher binds a free loopback port itself
+    source: str  # "single", "flags", "slurm"
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.source == "single":
+            return "one node, store on loopback"
+        return (f"{self.source}: node {self.node_rank} of {self.nnodes}, store at "
+                f"{self.master_addr}:{self.master_port}")
+
+
+def resolve_nodes(
+    env: Mapping[str, str],
+    nnodes: int | None = None,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> NodeSetup:
+    """Combine flags (None: not given) with the environment. Pure apart from reading `env`."""
+    notes: list[str] = []
+    if nnodes is not None and nnodes < 1:
+        raise UsageError(f"--nnodes {nnodes}: a job has at least 1 node.")
+    if master_port is not None and not 0 < master_port < 65536:
+        raise UsageError(f"--master-port {master_port} is not a TCP port (1-65535).")
+    slurm = None
+    if in_srun_step(env) and (nnodes is None or nnodes > 1):
+        slurm = slurm_node_info(env)
+        for flag, mine, theirs, var in (
+            ("--nnodes", nnodes, slurm.nnodes, "SLURM_STEP_NUM_NODES"),
+            ("--node-rank", node_rank, slurm.node_rank, "SLURM_NODEID"),
+            ("--master-addr", master_addr, slurm.master_addr, "SLURM_STEP_NODELIST"),
+            ("--master-port", master_port, slurm.master_port, "SLURM_JOB_ID"),
+        ):
+            if mine is not None and mine != theirs:
+                notes.append(f"{flag} {mine} overrides SLURM's {theirs} (from {var}): the flag wins")
+    n = nnodes if nnodes is not None else (slurm.nnodes if slurm else 1)
+    r = node_rank if node_rank is not None else (slurm.node_rank if slurm else 0)
+    if not 0 <= r < n:
+        raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {n} node{'s' if n > 1 else ''}.")
+    if n == 1:
+        return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, "single", tuple(notes))
+    addr = master_addr or (slurm.master_addr if slurm else None)
+    if not addr:
+        raise UsageError(
+            f"--nnodes {n} needs --master-addr: the address of node 0, where the store runs "
+            "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
+        )
+    port = master_port or (slurm.master_port if slurm else DEFAULT_MASTER_PORT)
+    source = "slurm" if slurm and (nnodes is None or node_rank is None) else "flags"
+    return NodeSetup(n, r, addr, port, source, tuple(notes))
+
+
+def check_resolvable(host: str, timeout: float = 5.0) -> str:
+    """The IPv4/IPv6 address of `host`, or a UsageError within `timeout` seconds (a DNS lookup can hang)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        raise UsageError(
+            f"--master-addr {host}: the name did not resolve within {timeout:.0f} s. Use an address every node "
+            "can reach (an IP, or a name in /etc/hosts or DNS)."
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"--master-addr {host} does not resolve ({exc}). Use an address every node can reach."
+        ) from None
+    finally:
+        pool.shutdown(wait=False)
+    return str(infos[0][4][0])

@@ -1,0 +1,84 @@
+"""Node count, node rank and store address: flags, SLURM (one launcher per node), or a single node."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpboot.cluster.nodes import check_resolvable, resolve_nodes
+from ddpboot.errors import UsageError
+
+SRUN = {  # what srun gives a launcher on the second of two nodes with --ntasks-per-node=1
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+}
+
+
+def test_single_node_by_default() -> None:
+    s = resolve_nodes({})
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (1, 0, "127.0.0.1", None, "single")
+
+
+def test_static_flags() -> None:
+    s = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="10.0.0.1")
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (2, 1, "10.0.0.1", 29500, "flags")
+
+
+def test_slurm_one_launcher_per_node() -> None:
+    s = resolve_nodes(SRUN)
+    assert (s.nnodes, s.node_rank, s.master_addr, s.source) == (2, 1, "gpu07", "slurm")
+    assert s.master_port == resolve_nodes(SRUN).master_port and 15000 <= (s.master_port or 0) < 32000
+    assert s.notes == ()
+
+
+def test_slurm_honours_master_port() -> None:
+    assert resolve_nodes({**SRUN, "MASTER_PORT": "31337"}).master_port == 31337
+
+
+def test_a_flag_that_contradicts_slurm_wins_with_a_note() -> None:
+    s = resolve_nodes(SRUN, master_addr="gpu08")
+    assert s.master_addr == "gpu08"
+    assert any("--master-addr gpu08 overrides SLURM's gpu07" in n for n in s.notes)
+
+
+def test_one_node_inside_slurm_stays_on_loopback() -> None:
+    env = {**SRUN, "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
+           "SLURM_STEP_NODELIST": "gpu07"}
+    s = resolve_nodes(env)
+    assert s.source == "single" and s.master_addr == "127.0.0.1" and s.master_port is None
+
+
+def test_batch_script_is_not_a_step() -> None:
+    env = {k: v for k, v in SRUN.items() if k != "SLURM_STEP_ID"}
+    assert resolve_nodes(env).source == "single"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"nnodes": 2, "node_rank": 2, "master_addr": "h"}, r"outside 0\.\.1"),
+        ({"nnodes": 0}, "at least 1 node"),
+        ({"nnodes": 2, "node_rank": 0}, "needs --master-addr"),
+        ({"nnodes": 2, "master_addr": "h", "master_port": 70000}, "not a TCP port"),
+    ],
+)
+def test_bad_input(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        resolve_nodes({}, **kwargs)  # type: ignore[arg-type]
+
+
+def test_two_launchers_on_one_node_are_refused() -> None:
+    with pytest.raises(UsageError, match="2 ddpboot launchers on this node"):
+        resolve_nodes({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NUM_TASKS": "4",
+                       "SLURM_NODEID": "0"})
+
+
+def test_resolvable_and_not() -> None:
+    assert check_resolvable("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(UsageError, match=r"(does|did) not resolve"):
+        check_resolvable("no-such-host.invalid", timeout=5)
