@@ -25,8 +25,12 @@ demo: venv
 	$(VENV)/bin/ddpboot plan --nproc $(NPROC)
 	$(VENV)/bin/ddpboot --nproc $(NPROC) examples/train.py
 
+# As root (CI), the SLURM tests get a real two-node cluster on this machine (scripts/ci/slurm-up), stopped
+# afterwards whatever the result; elsewhere, or with DDPBOOT_NO_SLURM=1, they skip and say why.
+WITH_SLURM = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_SLURM:-}" != 1 ]
 test: venv
-	$(PY) -m pytest -q
+	@if $(WITH_SLURM); then scripts/ci/slurm-up; fi
+	@rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
