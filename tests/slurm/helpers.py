@@ -1,0 +1,59 @@
+"""Helpers for the tests that run against ddpboot's local SLURM cluster (scripts/ci/slurm-up)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+START_HINT = "start the test cluster with `sudo scripts/ci/slurm-up`"
+# Each task prints its SLURM environment variables as JSON.
+DUMP_ENV = [
+    sys.executable,
+    "-c",
+    "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if 'SLURM' in k}))",
+]
+
+
+def slurm_env() -> dict[str, str]:
+    """This process's environment without SLURM_* job variables (pytest may itself run inside a job)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+def slurm(*args: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=slurm_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def task_envs(tmp_path: Path, *srun_args: str) -> list[dict[str, str]]:
+    """Run DUMP_ENV under `srun` (one output file per task: srun splits and interleaves long lines on its own
+    stdout) and return the tasks' SLURM environments, ordered by SLURM_PROCID."""
+    out = slurm("srun", *srun_args, "-t", "1", f"--output={tmp_path}/env.%t", *DUMP_ENV, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    envs = [json.loads(path.read_text()) for path in tmp_path.glob("env.*")]
+    return sorted(envs, key=lambda e: int(e["SLURM_PROCID"]))
+
+
+def wait_for(what: str, done: Callable[[], Any], deadline_s: float = 30) -> Any:
+    """Poll `done()` until it returns something true; fail after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while not (result := done()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {deadline_s} s waiting for {what}")
+        time.sleep(0.1)
+    return result
+
+
+def alive(pid: int) -> bool:
+    """A process that has not exited (a zombie not yet reaped by its parent counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -1,0 +1,100 @@
+"""ddpboot on a real SLURM cluster (two emulated nodes, scripts/ci/slurm-up): both launch patterns train the
+example and agree; scancel leaves nothing behind; a failing worker on node 1 ends the job with its exit code."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.slurm.helpers import alive, slurm, wait_for
+
+pytestmark = pytest.mark.slurm
+BIN = Path(sys.executable).parent
+TRAIN = f"{REPO}/examples/train.py --steps 30 --log-every 10"
+
+
+def sbatch_wait(tmp_path: Path, body: str, tasks: str = "--ntasks-per-node=1") -> tuple[int, str]:
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH -N2 {tasks} -t 3 -J ddpboot-test -o {tmp_path}/out.txt\n"
+        f"export PATH={BIN}:$PATH OMP_NUM_THREADS=1\n"
+        f"{body}\n"
+    )
+    out = slurm("sbatch", "--wait", str(script), cwd=tmp_path, timeout=240)
+    text = (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
+    return out.returncode, text + out.stderr
+
+
+def results(output: str) -> tuple[str, dict[int, str]]:
+    final = re.findall(r"final loss (\S+)", output)
+    sums = {int(r): c for r, c in re.findall(r"rank (\d+) param checksum (\S+)", output)}
+    assert len(final) == 1, output
+    return final[0], sums
+
+
+def test_both_patterns_train_and_agree(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, launcher_out = sbatch_wait(
+        tmp_path / "a", f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {TRAIN}'
+    )
+    assert code == 0, launcher_out
+    assert "world size 4 (ddpboot)" in launcher_out
+    code, task_out = sbatch_wait(tmp_path / "b", f"srun python {TRAIN}", tasks="--ntasks-per-node=2")
+    assert code == 0, task_out
+    assert "world size 4 (slurm)" in task_out
+    loss_a, sums_a = results(launcher_out)
+    loss_b, sums_b = results(task_out)
+    assert sorted(sums_a) == sorted(sums_b) == [0, 1, 2, 3]
+    assert len(set(sums_a.values())) == 1 and len(set(sums_b.values())) == 1  # every replica identical
+    assert loss_a == loss_b  # same world, same data shards, same seed: the same training
+
+
+def test_failing_worker_on_node1_ends_the_job_with_its_code(tmp_path: Path) -> None:
+    fail = tmp_path / "fail.py"
+    fail.write_text(
+        "import os, sys, time\n"
+        "import ddpboot\n"
+        "ctx = ddpboot.init()\n"
+        "if ctx.rank == 3:\n"
+        "    sys.exit(7)\n"
+        "ddpboot.barrier()\n"
+    )
+    code, out = sbatch_wait(tmp_path, f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {fail}')
+    assert code == 7, out
+    assert "rank 3" in out
+
+
+def test_scancel_stops_every_worker(tmp_path: Path, jobs: list[str]) -> None:
+    hold = tmp_path / "hold.py"
+    hold.write_text(
+        "import os, pathlib, sys, time\n"
+        f"pathlib.Path('{tmp_path}', 'pid.' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH -N2 --ntasks-per-node=1 -t 3 -J ddpboot-test -o {tmp_path}/out.txt\n"
+        f"export PATH={BIN}:$PATH\n"
+        f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {hold}\n'
+    )
+    out = slurm("sbatch", "--parsable", str(script), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    jobs.append(job_id)
+
+    def pids() -> list[int] | None:
+        try:
+            return [int((tmp_path / f"pid.{r}").read_text()) for r in range(4)]
+        except (FileNotFoundError, ValueError):
+            return None
+
+    workers: list[int] = wait_for("4 workers to start", pids, deadline_s=90)
+    assert slurm("scancel", job_id).returncode == 0
+    wait_for("every worker to end", lambda: not any(alive(p) for p in workers), deadline_s=30)
