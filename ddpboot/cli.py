@@ -41,6 +41,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --- output ----------------------------------------------------------------------------------------
 
 
+def escape(text: str) -> str:
+    """Text shown through rich markup: square brackets in messages (paths, tracebacks) are not tags."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
@@ -51,7 +58,7 @@ def _console(stderr: bool = False) -> Any:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    _console(stderr=True).print(f"[bold red]ddpboot: error:[/] {message}", markup=True, soft_wrap=True)
+    _console(stderr=True).print(f"[bold red]ddpboot: error:[/] {escape(message)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -361,7 +368,7 @@ def render_plan(plan: Plan) -> None:
             )
     con.print(table)
     for note in plan.notes:
-        con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -434,7 +441,7 @@ def render_gpus(records: list[dict[str, Any]], inventory: Inventory) -> None:
             row(mig, f"  {mig['index']}:{mig['mig_index']}")
     con.print(table)
     for note in inventory.notes:
-        con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 # --- commands --------------------------------------------------------------------------------------

@@ -283,6 +283,7 @@ def nccl_transport(out: Path) -> str:
 
 
 def render(report: Report, console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     ranks = [s.rank for s in report.plan.ranks]
@@ -300,10 +301,10 @@ def render(report: Report, console: Any) -> None:
             mine = [v for v in vs if v.rank in (r, None)]
             cells.append(mark[mine[0].status] if mine else "")
         details = list(dict.fromkeys(v.detail for v in vs if v.status == "fail")) or [vs[0].detail]
-        table.add_row(check, *cells, "; ".join(d.splitlines()[0] if d else "" for d in details))
+        table.add_row(check, *cells, escape("; ".join(d.splitlines()[0] if d else "" for d in details)))
     console.print(table)
     for note in report.notes:
-        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     verdict = "[green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
     console.print(f"smoke {verdict}: {report.plan.world_size} ranks, {report.plan.backend}, "
                   f"{report.wall_seconds:.1f} s")

@@ -1,0 +1,98 @@
+"""`ddpboot smoke` on CPU ranks: its JSON and JUnit reports, and injected faults caught and attributed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import xmlschema
+
+from tests.conftest import REPO, clean_env, run_ddpboot
+
+SCHEMA = xmlschema.XMLSchema(REPO / "tests" / "data" / "junit.xsd")
+
+
+def smoke(*args: str, fault: str | None = None, **env: str) -> tuple[int, Any, str]:
+    e = clean_env(**env)
+    if fault:
+        e["DDPBOOT_SMOKE_FAULT"] = fault
+    out = run_ddpboot("smoke", "--json", *args, env=e, timeout=180)
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip().startswith("{") else None, out.stderr
+
+
+def verdicts(report: Any, check: str) -> list[dict[str, Any]]:
+    return [c for c in report["checks"] if c["check"] == check]
+
+
+def test_two_ranks_pass_with_json_and_junit(tmp_path: Path) -> None:
+    junit = tmp_path / "smoke.xml"
+    code, report, err = smoke("--nproc", "2", "--junit-xml", str(junit), "--max-bytes", "4MiB")
+    assert code == 0, err
+    assert report["passed"] and report["world_size"] == 2 and report["backend"] == "gloo"
+    checks = {c["check"] for c in report["checks"]}
+    assert checks >= {"init", "mapping", "all_reduce", "broadcast", "all_gather", "barrier", "ddp", "bandwidth"}
+    bandwidth = verdicts(report, "bandwidth")
+    assert all(v["figures"]["device"] == "CPU" and v["figures"]["sizes"] for v in bandwidth)
+    assert verdicts(report, "reduce_scatter")[0]["status"] == "skip"  # gloo has none
+    SCHEMA.validate(str(junit))
+    assert junit.read_text().count("<testcase") == len(report["checks"])
+
+
+def test_corrupted_input_fails_all_reduce_and_names_the_rank() -> None:
+    code, report, err = smoke("--nproc", "2", "--checks", "all_reduce,barrier", fault="corrupt:1")
+    assert code == 1, err
+    failed = [v for v in report["checks"] if v["status"] == "fail"]
+    assert {v["check"] for v in failed} == {"all_reduce"}
+    assert all("wrong input from rank(s) 1" in v["detail"] for v in failed)
+
+
+def test_a_hanging_rank_fails_its_check_within_the_timeout(tmp_path: Path) -> None:
+    junit = tmp_path / "smoke.xml"
+    code, report, err = smoke(
+        "--nproc",
+        "2",
+        "--timeout",
+        "20",
+        "--checks",
+        "all_reduce,broadcast",
+        "--junit-xml",
+        str(junit),
+        fault="hang:1:broadcast",
+    )
+    assert code == 1, err
+    (mine,) = [v for v in verdicts(report, "broadcast") if v["rank"] == 1]
+    assert mine["status"] == "fail" and "rank 1 never reached broadcast" in mine["detail"]
+    assert all(v["status"] == "pass" for v in verdicts(report, "all_reduce"))
+    SCHEMA.validate(str(junit))
+    assert "<failure" in junit.read_text()
+    left = [
+        p.pid for p in psutil.process_iter(["cmdline"]) if "ddpboot.smoke_rank" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, f"ranks still running after the smoke run ended: {left}"
+
+
+def test_simulated_gpus_and_max_bytes_capped(fake_gpus: Any) -> None:
+    path = fake_gpus([{"memory_total": 64 * 2**20}, {"memory_total": 64 * 2**20}])
+    code, report, err = smoke(
+        "--nproc", "2", "--checks", "mapping,bandwidth", "--max-bytes", "1GiB", DDPBOOT_FAKE_GPUS=path
+    )
+    assert code == 0, err
+    assert any("capped at 16.0 MiB" in n for n in report["notes"])
+    assert all(v["status"] == "skip" and "simulated" in v["detail"] for v in verdicts(report, "mapping"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "3"], "need 3 free GPUs"),
+        (["--checks", "all_reduce,nonsense"], "no check named 'nonsense'. The checks are: mapping"),
+        (["--timeout", "0"], "--timeout 0"),
+    ],
+)
+def test_bad_input(args: list[str], message: str) -> None:
+    out = run_ddpboot("smoke", *args, env=clean_env(DDPBOOT_FAKE_GPUS="2"))
+    assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+    assert "Traceback" not in out.stderr
