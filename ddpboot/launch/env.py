@@ -1,0 +1,97 @@
+"""Each worker's command line and environment: torchrun's contract (FACTS.md §1) plus the rank's GPUs. Pure.
+
+Why LOCAL_RANK is 0 under rank isolation: the worker's CUDA_VISIBLE_DEVICES lists only its own GPU(s), so its GPU
+is cuda:0, and an unmodified torchrun script doing `torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`,
+`model.to(local_rank)` and `DDP(model, device_ids=[local_rank])` must land there (torchrun's `--virtual-local-rank`
+does the same). The true node-local index is DDPBOOT_LOCAL_RANK. Under `--isolation node` every worker sees the
+node's selected GPUs and gets the true LOCAL_RANK, exactly as under torchrun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ddpboot.launch.spec import Target
+from ddpboot.plan import Plan, RankSlot
+
+# Runs the script the way torchrun's --run-path does: runpy.run_path in a fresh interpreter, as __main__.
+RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+LOCAL_RANK_MACRO = "${local_rank}"
+
+
+@dataclass(frozen=True)
+class EnvContext:
+    """What every worker of one attempt shares."""
+
+    master_addr: str
+    master_port: int
+    run_id: str
+    role: str = "default"
+    restart_count: int = 0
+    max_restarts: int = 0
+    signals: str = ""  # TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun exports it
+
+
+def worker_vars(
+    plan: Plan, slot: RankSlot, ctx: EnvContext, base: Mapping[str, str], error_file: str
+) -> dict[str, str]:
+    """The variables ddpboot sets for this worker (what `--dry-run` prints); the worker gets `base` plus these."""
+    local_rank = "0" if plan.isolation == "rank" else str(slot.local_rank)
+    out = {
+        "RANK": str(slot.rank),
+        "LOCAL_RANK": local_rank,
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_WORLD_SIZE": str(plan.local_world_size),
+        "GROUP_RANK": str(plan.node_rank),
+        "GROUP_WORLD_SIZE": str(plan.nnodes),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_NAME": ctx.role,
+        "ROLE_WORLD_SIZE": str(plan.world_size),
+        "MASTER_ADDR": ctx.master_addr,
+        "MASTER_PORT": str(ctx.master_port),
+        "TORCHELASTIC_RUN_ID": ctx.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
+        # Every worker, rank 0 included, is a client of the store the launcher serves.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        # The rank's share of the cores unless the user chose (torchrun: 1 for several workers).
+        "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS") or str(max(slot.omp_threads, 1)),
+        "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "DDPBOOT_LOCAL_RANK": str(slot.local_rank),
+        "DDPBOOT_GPU_UUIDS": ",".join(g.uuid for g in slot.gpus),
+        "DDPBOOT_ISOLATION": plan.isolation,
+    }
+    if ctx.signals:
+        out["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ctx.signals
+    return out
+
+
+def worker_env(base: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(own)
+    return env
+
+
+def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
+    """torchrun's `${local_rank}` macro in the script's arguments, replaced by the true node-local index.
+
+    Only the literal `${local_rank}` is replaced (torchrun's string.Template also rewrites `$local_rank` and `$$`,
+    which would change arguments that merely contain a dollar sign)."""
+    return [a.replace(LOCAL_RANK_MACRO, str(local_rank)) for a in args]
+
+
+def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
+    """The exact argv of one worker (`python -u SCRIPT ARGS` as torchrun runs it)."""
+    args = substitute_local_rank(target.args, local_rank)
+    if target.kind == "script":
+        return [python, "-u", target.name, *args]
+    if target.kind == "module":
+        return [python, "-u", "-m", target.name, *args]
+    if target.kind == "run_path":
+        return [python, "-u", "-c", RUN_PATH_CODE, target.name, *args]
+    return [target.name, *args]

@@ -1,0 +1,177 @@
+"""The guardian: a small process forked from the launcher before any worker. It serves the store and makes sure
+that nothing outlives the launcher.
+
+Why a separate process: if the launcher is killed with SIGKILL (OOM killer, `kill -9`, a scheduler), nothing in it
+runs any more. Its workers die with it through PR_SET_PDEATHSIG, but their children (data-loader workers, a shell's
+subprocesses) would live on holding GPUs. The guardian holds one end of a socketpair whose other end only the
+launcher has; end-of-file on it means the launcher is gone, and the guardian then SIGKILLs every worker process group
+it was told about, removes the job's temporary directory and exits. It also holds, by inheritance, the GPU locks
+the launcher took, so they are released only after the workers are dead.
+
+It is forked (not exec'd): the launcher has not imported torch and runs no thread, so the fork is cheap (no
+interpreter start-up, no imports) and safe. It ignores the signals a terminal or a scheduler sends to the launcher's
+process group; its life is tied to the socketpair.
+
+Control messages, one per line, launcher → guardian: `+PGID` (a worker group exists), `-PGID` (it is gone: never
+signal that number again, the pid may be reused), `reset` (empty the store for the next attempt; answered `ok`),
+`quit` (the launcher is done and has stopped every group itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ddpboot.launch.spec import StoreBackend
+from ddpboot.launch.store import StoreServer
+
+PR_SET_NAME = 15
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class GuardianError(RuntimeError):
+    """The guardian did not answer (it died, or the store could not start)."""
+
+
+class Guardian:
+    """The launcher's handle on its guardian process."""
+
+    def __init__(self, pid: int, ctl: socket.socket) -> None:
+        self.pid = pid
+        self.ctl = ctl
+        self.exited = False
+
+    def _send(self, line: str) -> None:
+        try:
+            self.ctl.sendall(line.encode() + b"\n")
+        except OSError as exc:
+            raise GuardianError(f"the guardian process (pid {self.pid}) is gone: {exc}") from None
+
+    def add(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def remove(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def reset(self, timeout: float = 120.0) -> None:
+        """Empty the store before the next attempt starts (waits for the answer, so no new key is lost)."""
+        self._send("reset")
+        self.ctl.settimeout(timeout)
+        try:
+            answer = self.ctl.recv(16)
+        except OSError as exc:
+            raise GuardianError(f"the guardian (pid {self.pid}) did not reset the store: {exc}") from None
+        finally:
+            self.ctl.settimeout(None)
+        if answer.strip() != b"ok":
+            raise GuardianError(f"the guardian (pid {self.pid}) did not reset the store (answer {answer!r})")
+
+    def quit(self) -> None:
+        with contextlib.suppress(GuardianError):
+            self._send("quit")
+        self.ctl.close()
+
+
+def start_guardian(listener: socket.socket, backend: StoreBackend, tempdir: Path | None) -> Guardian:
+    """Fork the guardian; it serves the store on `listener` (which the launcher may then close)."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; observed through the store and the orphan tests
+        code = 1
+        try:
+            mine.close()
+            code = _main(theirs, listener, backend, tempdir)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    theirs.close()
+    return Guardian(pid, mine)
+
+
+class _TorchStore:
+    """`--store torch`: torch's own TCPStore server on the launcher's socket, imported here, not in the launcher."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.store: Any = None
+        self.start()
+
+    def start(self) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        host, port = self.listener.getsockname()[:2]
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]
+            host, port, is_master=True, master_listen_fd=os.dup(self.listener.fileno()),
+            wait_for_workers=False, timeout=timedelta(minutes=30),
+        )
+
+    def reset(self) -> None:
+        self.store = None  # stops that server; the listening socket itself stays (we gave it a duplicate)
+        self.start()
+
+
+def _main(ctl: socket.socket, listener: socket.socket, backend: StoreBackend, tempdir: Path | None) -> int:
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, b"ddpboot-guard", 0, 0, 0)
+    groups: set[int] = set()
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ, None)
+    python_store: StoreServer | None = None
+    torch_store: _TorchStore | None = None
+    if backend == "python":
+        python_store = StoreServer(listener)
+        python_store.register(sel)
+    else:
+        torch_store = _TorchStore(listener)
+    pending = b""
+    while True:
+        for key, events in sel.select():
+            if key.data is not None:
+                key.data.handle(key, events)
+                continue
+            try:
+                data = ctl.recv(4096)
+            except OSError:
+                data = b""
+            if not data:  # the launcher is gone: nothing of the job may outlive it
+                for pgid in groups:
+                    with contextlib.suppress(OSError):
+                        os.killpg(pgid, signal.SIGKILL)
+                if tempdir is not None:
+                    shutil.rmtree(tempdir, ignore_errors=True)
+                return 0
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                cmd = line.decode()
+                if cmd.startswith("+"):
+                    groups.add(int(cmd[1:]))
+                elif cmd.startswith("-"):
+                    groups.discard(int(cmd[1:]))
+                elif cmd == "reset":
+                    if python_store is not None:
+                        python_store.reset()
+                    if torch_store is not None:
+                        torch_store.reset()
+                    ctl.sendall(b"ok\n")
+                elif cmd == "quit":
+                    if python_store is not None:
+                        python_store.close()
+                    return 0

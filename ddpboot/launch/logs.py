@@ -1,0 +1,205 @@
+"""Worker output: pumped from pipes to the console (prefixed by rank) and to per-rank files, piece by piece.
+
+A piece is a run of bytes ending in `\\n` or `\\r`. Pieces are written whole, so two ranks never share a console
+line: when another rank (or the launcher) writes while a rank's line is still open, the open line is ended first.
+A `\\r`-terminated piece is a progress-bar redraw (tqdm): it is shown at once, with the prefix, and so is the text
+that follows a `\\r` (tqdm writes `\\r` + bar and no terminator), so bars stay live instead of waiting for a newline.
+Other text without a terminator waits for one (or for the end of the stream) so that it is not split across lines.
+
+Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
+are written unbuffered, so what a worker printed before dying is on disk even if the launcher is killed next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from pathlib import Path
+
+from ddpboot.launch.options import Std
+
+MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
+TAIL_BYTES = 32 * 1024
+
+
+def write_all(fd: int, data: bytes) -> bool:
+    """Write everything (a console may take partial writes); False when the reader has gone (EPIPE)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            import select
+
+            select.select([], [fd], [], 1.0)
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EBADF, errno.EIO):
+                return False
+            raise
+        view = view[n:]
+    return True
+
+
+class Console:
+    """The launcher's stdout and stderr, shared by every rank and by the launcher's own messages."""
+
+    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+        self.fds = {Std.OUT: out_fd, Std.ERR: err_fd}
+        self.open: RankStream | None = None  # whose line is open (the cursor is not at a fresh line)
+        self.gone: set[int] = set()
+
+    def _raw(self, fd: int, data: bytes) -> None:
+        if fd in self.gone:
+            return
+        if not write_all(fd, data):
+            self.gone.add(fd)  # `ddpboot ... | head`: keep running, keep the files, drop the console
+
+    def end_open_line(self) -> None:
+        if self.open is not None:
+            self._raw(self.fds[self.open.stream], b"\n")
+            self.open.line_ended_elsewhere()
+            self.open = None
+
+    def write(self, owner: RankStream, data: bytes, leaves_open: bool) -> None:
+        if self.open is not None and self.open is not owner:
+            self.end_open_line()
+        self._raw(self.fds[owner.stream], data)
+        self.open = owner if leaves_open else None
+
+    def message(self, text: str, stream: Std = Std.ERR) -> None:
+        """A line of the launcher's own (notes, the failure summary)."""
+        self.end_open_line()
+        self._raw(self.fds[stream], text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
+
+
+class LogFile:
+    """One rank's file for one attempt: both streams, unbuffered."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: bytes) -> None:
+        if self.fd >= 0:
+            write_all(self.fd, data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class RankStream:
+    """One worker stream (stdout or stderr): splits it into pieces and routes them."""
+
+    def __init__(
+        self,
+        rank: int,
+        stream: Std,
+        console: Console | None,
+        file: LogFile | None,
+        prefix: bool = True,
+    ) -> None:
+        self.rank = rank
+        self.stream = stream
+        self.console = console
+        self.file = file
+        self.prefix = f"[rank{rank}]: ".encode() if prefix else b""
+        self.pending = bytearray()
+        self.at_line_start = True  # for the console: the next piece needs the prefix
+        self.after_cr = False  # the last terminator was \r: we are redrawing a progress bar
+        self.tail = bytearray()
+        self.closed = False
+
+    def line_ended_elsewhere(self) -> None:
+        """The console ended our open line (another rank wrote): our next piece starts a fresh prefixed line."""
+        self.at_line_start = True
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        while True:
+            cut = _first_terminator(self.pending)
+            if cut < 0:
+                break
+            piece = bytes(self.pending[: cut + 1])
+            del self.pending[: cut + 1]
+            self._emit(piece)
+        if self.pending and (self.after_cr or len(self.pending) >= MAX_PENDING):
+            piece = bytes(self.pending)
+            self.pending.clear()
+            self._emit(piece)
+
+    def close(self) -> None:
+        """End of stream: whatever is left is shown (ending the console line) and written."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.pending:
+            piece = bytes(self.pending)
+            self.pending.clear()
+            self._emit(piece)
+        if self.console is not None and not self.at_line_start:
+            if self.console.open is self:
+                self.console.end_open_line()
+            self.at_line_start = True
+
+    def _emit(self, piece: bytes) -> None:
+        if self.file is not None:
+            self.file.write(piece)
+        self.tail += piece
+        if len(self.tail) > TAIL_BYTES:
+            del self.tail[: len(self.tail) - TAIL_BYTES]
+        ends = piece[-1:]
+        if self.console is not None and not (piece == b"\r" and self.at_line_start):  # a bare \r at column 0: nothing
+            crlf_end = piece == b"\n" and self.after_cr  # the \n of a \r\n: same line, no second prefix
+            head = self.prefix if self.at_line_start and not crlf_end else b""
+            self.console.write(self, head + piece, leaves_open=ends != b"\n")
+        if ends == b"\n":
+            self.at_line_start, self.after_cr = True, False
+        elif ends == b"\r":
+            self.at_line_start, self.after_cr = True, True
+        else:
+            self.at_line_start = False
+
+    def last_lines(self, n: int) -> list[str]:
+        """The last `n` lines as shown on a terminal (a progress bar counts once, as its last redraw)."""
+        text = self.tail.decode(errors="replace")
+        lines = []
+        for line in text.rstrip("\n").split("\n"):
+            redraws = [seg for seg in line.split("\r") if seg]
+            lines.append(redraws[-1] if redraws else "")
+        while lines and not lines[-1].strip():
+            lines.pop()
+        return lines[-n:]
+
+
+def _first_terminator(buf: bytearray) -> int:
+    nl = buf.find(b"\n")
+    cr = buf.find(b"\r")
+    if nl < 0:
+        return cr
+    if cr < 0:
+        return nl
+    return min(nl, cr)
+
+
+def read_error_file(path: str | Path) -> str | None:
+    """The traceback a worker recorded with torch's `@record` (TORCHELASTIC_ERROR_FILE), if any."""
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(Path(path).read_text())
+        message = data.get("message") if isinstance(data, dict) else None
+        if isinstance(message, dict):
+            extra = message.get("extraInfo") or {}
+            stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+            if isinstance(stack, str) and stack.strip():
+                return stack.rstrip()
+            if isinstance(message.get("message"), str):
+                return str(message["message"])
+        if isinstance(message, str):
+            return message
+    return None

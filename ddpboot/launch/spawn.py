@@ -1,0 +1,109 @@
+"""Start one worker: fork + exec, in its own session, tied to the launcher's life. Linux only.
+
+Why not subprocess.Popen: the supervisor reaps every child with `waitpid(-1)` (it is a child subreaper, so orphaned
+grandchildren come to it too), which would steal exit statuses from Popen objects; and the child must set
+PR_SET_PDEATHSIG before exec, which Popen only allows through preexec_fn. The launcher never starts a thread, so
+running Python between fork and exec is safe here (the reason preexec_fn is discouraged does not apply).
+
+In the child, before exec: a new session (the worker and everything it starts form one process group that the
+launcher signals with killpg, and terminal signals do not reach it behind the launcher's back), PR_SET_PDEATHSIG
+(SIGKILL when the launcher dies, e.g. kill -9; the guardian then kills the rest of the group), an empty signal mask
+and default dispositions (the launcher blocks the signals it reads through a signalfd, and Python ignores SIGPIPE;
+both would otherwise be inherited across exec), stdout/stderr onto the launcher's pipes, the plan's CPU affinity,
+and every other inherited descriptor closed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+from collections.abc import Mapping, Sequence
+
+from ddpboot.errors import DdpbootError
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SpawnError(DdpbootError):
+    """A worker could not be started (exec failed): nothing of this attempt runs."""
+
+
+def prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants (a worker's children whose parent died) are reparented to us, not to init: we reap
+    them (no zombies) and their pids cannot be reused while a worker's process group still names them."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 65536
+
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdout: int,
+    stderr: int,
+    cpus: Sequence[int] = (),
+    death_signal: int = signal.SIGKILL,
+) -> int:
+    """Start `argv` (argv[0] must be a path) and return its pid, which is also its process group id."""
+    parent = os.getpid()
+    err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
+    env_b = {k.encode(): v.encode() for k, v in env.items()}
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, observed through the worker's behaviour
+        code = 127
+        try:
+            os.close(err_r)
+            os.setsid()
+            prctl(PR_SET_PDEATHSIG, death_signal)
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os._exit(code)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # what Python ignores for itself (as Popen restores)
+                signal.signal(sig, signal.SIG_DFL)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            os.closerange(3, err_w)
+            os.closerange(err_w + 1, _max_fd())
+            os.execve(argv[0], list(argv), env_b)
+        except OSError as exc:
+            os.write(err_w, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
+        except BaseException as exc:
+            os.write(err_w, f"0:{exc!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(err_w)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(err_r, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(err_r)
+    if chunks:
+        os.waitpid(pid, 0)
+        num, _, text = b"".join(chunks).decode(errors="replace").partition(":")
+        hint = ""
+        if int(num or 0) == errno.ENOEXEC:
+            hint = " (not a binary the kernel can run: a script needs a #! line)"
+        raise SpawnError(f"cannot start {argv[0]}: {text}{hint}.")
+    return pid

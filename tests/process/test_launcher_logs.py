@@ -1,0 +1,202 @@
+"""Worker output through the launcher: rank prefixes, whole lines, per-rank files, -r/-t/filters for any rank,
+live progress bars, nothing left in the temp dir, and nothing lost from a rank that dies."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+from pathlib import Path
+
+from tests.process.test_launcher import (
+    BEHAVE,
+    finish,
+    launch_env,
+    run_launcher,
+    start_launcher,
+    wait_for,
+)
+
+LINE = re.compile(r"^\[rank(\d+)\]: (out|err) (\d+) line (\d+) ?(x*)$")
+
+
+def parse_console(text: str, stream: str) -> dict[int, list[int]]:
+    """rank → the line numbers it printed, in console order; every line must be one whole line of one rank."""
+    seen: dict[int, list[int]] = {}
+    for line in text.splitlines():
+        if line.startswith("ddpboot:") or line.startswith("  "):
+            continue
+        m = LINE.match(line)
+        assert m, f"not one whole prefixed line: {line!r}"
+        rank, kind, who, number, xs = int(m[1]), m[2], int(m[3]), int(m[4]), m[5]
+        assert kind == stream and who == rank, line
+        if kind == "out":
+            assert len(xs) == number % 37, line
+        seen.setdefault(rank, []).append(number)
+    return seen
+
+
+def test_lines_are_prefixed_whole_and_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", BEHAVE, "--lines", "300"], launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    stdout = parse_console(proc.stdout, "out")
+    stderr = parse_console(proc.stderr, "err")
+    assert stdout == {0: list(range(300)), 1: list(range(300))}
+    assert stderr == {0: list(range(0, 300, 2)), 1: list(range(0, 300, 2))}
+
+
+def test_no_prefix(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--no-prefix", BEHAVE, "--lines", "50"], launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 100
+    assert all(re.fullmatch(r"out ([01]) line (\d+) ?x*", ln) for ln in lines), lines[:5]
+
+
+def test_log_dir_gets_one_unprefixed_file_per_rank_and_attempt(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--nproc", "2", "--log-dir", str(logs), "--rdzv-id", "run1", "--max-restarts", "1",
+            BEHAVE, "--lines", "20", "--exit", "1:2", "--exit-attempts", "1"]
+    proc = run_launcher(args, launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"logs in {logs / 'run1'}" in proc.stderr
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            text = (logs / "run1" / f"attempt_{attempt}" / f"rank{rank}.log").read_text()
+            got = text.splitlines()
+            outs = [ln for ln in got if ln.startswith("out")]
+            errs = [ln for ln in got if ln.startswith("err")]
+            assert outs == [f"out {rank} line {i} " + "x" * (i % 37) for i in range(20)]
+            assert errs == [f"err {rank} line {i}" for i in range(0, 20, 2)]
+            assert not any(ln.startswith("[rank") for ln in got)
+    # The same id again: a new directory, the first run's logs stay.
+    proc = run_launcher(["--nproc", "2", "--log-dir", str(logs), "--rdzv-id", "run1", BEHAVE], launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in logs.iterdir()) == ["run1", "run1.1"]
+
+
+def test_nothing_is_left_in_the_temp_dir(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    ok = run_launcher(["--nproc", "2", BEHAVE, "--lines", "5"], launch_env(out, tmp))
+    failed = run_launcher(["--nproc", "2", BEHAVE, "--exit", "0:9"], launch_env(out, tmp))
+    assert ok.returncode == 0 and failed.returncode == 9
+    assert list(tmp.iterdir()) == []
+
+
+def test_progress_bars_render_live(tmp_path: Path) -> None:
+    """A \\r fragment reaches the console at once, prefixed, while the rank is still waiting to finish the line."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = start_launcher(["--nproc", "2", BEHAVE, "--progress", "0"], launch_env(out), text=False)
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    seen = b""
+
+    def shown() -> bool:
+        nonlocal seen
+        if select.select([fd], [], [], 0.05)[0]:
+            seen += os.read(fd, 65536)
+        return b"[rank0]: step 1/3" in seen
+
+    wait_for(shown, 60, "the first progress fragment on the console (the rank has not ended its line)")
+    (out / "go").touch()
+    code, _, rest = finish(proc)
+    assert code == 0
+    text = seen + rest
+    assert text.endswith(b"[rank0]: step 1/3\r[rank0]: step 2/3\r[rank0]: step 3/3\n"), repr(text)
+
+
+def test_redirects_and_tee_maps_work_for_rank_10(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--cpu", "--nproc", "11", "--log-dir", str(logs), "--rdzv-id", "r", "-r", "0:1,10:2",
+            BEHAVE, "--lines", "2"]
+    proc = run_launcher(args, launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    console_out, console_err = proc.stdout, proc.stderr
+    assert "[rank0]: out" not in console_out and "[rank0]: err" in console_err
+    assert "[rank10]: err" not in console_err and "[rank10]: out" in console_out
+    assert "[rank5]: out" in console_out and "[rank5]: err" in console_err
+    attempt = logs / "r" / "attempt_0"
+    assert (attempt / "rank0.log").read_text().startswith("out 0 line 0")
+    assert "err" not in (attempt / "rank0.log").read_text()
+    assert (attempt / "rank10.log").read_text() == "err 10 line 0\n"
+    assert not (attempt / "rank5.log").exists()
+
+    logs2 = tmp_path / "logs2"
+    args = ["--cpu", "--nproc", "11", "--log-dir", str(logs2), "--rdzv-id", "r", "-t", "3",
+            "--local-ranks-filter", "10", BEHAVE, "--lines", "2"]
+    proc = run_launcher(args, launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    ranks_shown = {int(m) for m in re.findall(r"^\[rank(\d+)\]", proc.stdout + proc.stderr, re.M)}
+    assert ranks_shown == {10}
+    assert len(list((logs2 / "r" / "attempt_0").glob("rank*.log"))) == 11
+
+
+def test_ranks_filter_by_global_rank(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--ranks-filter", "1", BEHAVE, "--lines", "3"], launch_env(out))
+    assert proc.returncode == 0, proc.stderr
+    assert {int(m) for m in re.findall(r"^\[rank(\d+)\]", proc.stdout + proc.stderr, re.M)} == {1}
+
+
+def test_a_crashing_ranks_output_is_never_lost(tmp_path: Path) -> None:
+    """Rank 1 writes 300 kB (more than a pipe holds) and dies of SIGKILL: every byte reaches console and file."""
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    args = ["--nproc", "2", "--log-dir", str(logs), "--rdzv-id", "c", BEHAVE, "--burst", "1:300000", "--hold", "0"]
+    proc = start_launcher(args, launch_env(out))
+    code, stdout, err = finish(proc)
+    assert code == 128 + signal.SIGKILL, err
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("[rank1]: burst")]
+    n = len(lines)
+    assert n > 300000 // 20
+    assert lines == [f"[rank1]: burst 1 {i:07d}" for i in range(n)]
+    file_lines = (logs / "c" / "attempt_0" / "rank1.log").read_text().splitlines()
+    assert file_lines == [f"burst 1 {i:07d}" for i in range(n)]
+    assert "rank 1 failed: killed by SIGKILL" in err
+
+
+def test_failure_summary_shows_the_recorded_traceback(tmp_path: Path) -> None:
+    """A rank that used torch's @record leaves its traceback in TORCHELASTIC_ERROR_FILE (torch's JSON format);
+    the summary shows it. (This worker writes the file by hand, to stay free of torch imports.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "recorded.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    data = {'message': {'message': 'ValueError: bad batch', 'extraInfo': {'py_callstack': "
+        "'Traceback (most recent call last):\\n  File \"train.py\", line 7\\nValueError: bad batch\\n', "
+        "'timestamp': '0'}}}\n"
+        "    open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write(json.dumps(data))\n"
+        "    sys.exit(1)\n"
+    )
+    proc = run_launcher(["--nproc", "2", str(script)], launch_env(out))
+    assert proc.returncode == 1
+    assert "traceback (recorded by @record" in proc.stderr
+    assert "  | ValueError: bad batch" in proc.stderr
+
+
+def test_summary_falls_back_to_the_last_lines_of_stderr(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "boom.py"
+    script.write_text("import os\nif os.environ['RANK'] == '0':\n    raise KeyError('missing-column')\n")
+    proc = run_launcher(["--nproc", "2", str(script)], launch_env(out))
+    assert proc.returncode == 1
+    assert "last lines of its stderr:" in proc.stderr
+    assert "  | KeyError: 'missing-column'" in proc.stderr
