@@ -12,12 +12,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from ddpboot.affinity import format_cpu_list
+from ddpboot.cluster.nodes import NodeSetup, cluster_info, parse_nnodes, resolve_nodes
 from ddpboot.errors import DdpbootError, UsageError
 from ddpboot.gpus import GPU, Inventory, load_inventory
 from ddpboot.locks import current_holders, lock_dir
@@ -305,20 +306,53 @@ def build_request(sel: Selection) -> Request:
     )
 
 
-def plan_for(sel: Selection, env: Mapping[str, str] | None = None) -> Plan:
+def option_given(name: str) -> bool:
+    """Whether the running command's option `name` came from the command line or its environment variable (not its
+    default): an explicit `--node-rank 0` overrides SLURM's node rank, the default 0 does not."""
+    try:  # typer ≥ 0.22 vendors click as typer._click; older ones depend on click itself
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - depends on the typer version
+        from click import get_current_context  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+    ctx: Any = get_current_context(silent=True)
+    if ctx is None:
+        return True
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def node_setup(
+    sel: Selection, env: Mapping[str, str], master_addr: str | None = None, master_port: int | None = None
+) -> NodeSetup:
+    """Node count, node rank and store address: flags (given ones only) > SLURM step > one node."""
+    nnodes = parse_nnodes(sel.nnodes) if option_given("nnodes") else None
+    node_rank = sel.node_rank if option_given("node_rank") else None
+    return resolve_nodes(env, nnodes, node_rank, master_addr, master_port)
+
+
+def plan_for(
+    sel: Selection,
+    env: Mapping[str, str] | None = None,
+    nodes: NodeSetup | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> Plan:
     """The plan this node would run now, from options and the environment (inventory, CUDA_VISIBLE_DEVICES,
-    GPUs other ddpboot jobs hold). The launcher plans through `ddpboot.reserve`, which also takes the locks."""
+    GPUs other ddpboot jobs hold, SLURM's node list). The launcher plans through `ddpboot.reserve`, which also
+    takes the locks."""
     env = os.environ if env is None else env
-    req = build_request(sel)
+    nodes = nodes or node_setup(sel, env, master_addr, master_port)
+    req = build_request(replace(sel, nnodes=str(nodes.nnodes), node_rank=nodes.node_rank))
     inventory = load_inventory(env)
     held = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
-    return make_plan(
+    plan = make_plan(
         req,
         inventory,
         env,
         allowed_cpus=sorted(os.sched_getaffinity(0)),
         locked={u: h.describe() for u, h in held.items()},
     )
+    return replace(plan, cluster=cluster_info(nodes), notes=plan.notes + nodes.notes)
 
 
 # --- rendering -------------------------------------------------------------------------------------
@@ -338,6 +372,8 @@ def render_plan(plan: Plan) -> None:
         f"isolation [bold]{plan.isolation}[/] · backend {plan.backend} · inventory {plan.inventory_source} · "
         f"visible: {plan.visible}"
     )
+    if plan.cluster.get("description"):
+        head += f" · nodes from {escape(str(plan.cluster['description']))}"
     con.print(head)
     table = Table(show_edge=False, header_style="bold")
     cols = ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device", "cores")
@@ -460,11 +496,23 @@ tools = typer.Typer(
 def plan_cmd(
     selection: Selection,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+    master_addr: Annotated[
+        str | None,
+        typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR",
+                     help="Node 0's address, for a multi-node plan (as `ddpboot --master-addr`)."),
+    ] = None,
+    master_port: Annotated[
+        int | None,
+        typer.Option("--master-port", "--master_port", envvar="PET_MASTER_PORT",
+                     help="The store's port, for a multi-node plan (as `ddpboot --master-port`)."),
+    ] = None,
 ) -> None:
     """Show which GPU each rank would get, and what cuda:0 means inside each worker. Starts nothing."""
-    plan = plan_for(selection)
+    plan = plan_for(selection, master_addr=master_addr, master_port=master_port)
     if as_json:
-        print(json.dumps(plan.to_json(), indent=2))
+        data = plan.to_json()
+        data.setdefault("cluster", plan.cluster)
+        print(json.dumps(data, indent=2))
     else:
         render_plan(plan)
 

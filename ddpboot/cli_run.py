@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -24,7 +26,17 @@ from typing import Annotated
 
 import typer
 
-from ddpboot.cli import INDEX_RULES, Selection, build_request, handle_errors, plan_for, render_plan, with_selection
+from ddpboot.cli import (
+    INDEX_RULES,
+    Selection,
+    build_request,
+    handle_errors,
+    node_setup,
+    plan_for,
+    render_plan,
+    with_selection,
+)
+from ddpboot.cluster.nodes import NodeSetup, check_resolvable, cluster_info
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
 from ddpboot.launch.options import (
@@ -309,6 +321,8 @@ def _run(
     if backend not in ("python", "torch"):
         raise UsageError(f"--store {store!r}: choose python (ddpboot's store, the default) or torch.")
     signals = parse_signals(signals_to_handle)
+    if not dry_run:
+        block_early(signals)
     shutdown = parse_duration(30.0 if shutdown_timeout is None else shutdown_timeout, "--shutdown-timeout")
     monitor = parse_duration(monitor_interval, "--monitor-interval", allow_zero=False)
     if max_restarts < 0:
@@ -318,8 +332,15 @@ def _run(
     parse_rdzv_conf(rdzv_conf)
     if rdzv_backend.strip().lower() not in ("static", "c10d", "etcd", "etcd-v2"):
         raise UsageError(f"--rdzv-backend {rdzv_backend!r}: torchrun's backends are static, c10d, etcd and etcd-v2.")
-    selection = _one_node(selection, standalone)
-    bind_addr, port = _store_address(master_addr, master_port, rdzv_endpoint, standalone)
+    nodes = _nodes(selection, env, master_addr, master_port, rdzv_endpoint, standalone, max_restarts)
+    selection = replace(selection, nnodes=str(nodes.nnodes), node_rank=nodes.node_rank)
+    multi = nodes.nnodes > 1
+    if multi:
+        bind_addr, port = nodes.master_addr, nodes.master_port
+        master_addr = nodes.master_addr
+    else:
+        bind_addr, port = _store_address(master_addr, master_port, rdzv_endpoint, standalone)
+    join_timeout = _join_timeout(parse_rdzv_conf(rdzv_conf))
     red = parse_std(redirects, "--redirects") if redirects is not None else None
     teed = parse_std(tee, "--tee") if tee is not None else None
     writes = [s for s in (red, teed) if s is not None and s != Std.NONE]
@@ -336,9 +357,12 @@ def _run(
     # --- the plan (and, for a real run, the GPU locks) ------------------------------------------------------
     locks = None
     if dry_run:
-        plan = plan_for(selection, env)
+        plan = plan_for(selection, env, nodes=nodes)
     else:
         plan, locks = _reserve(selection, env, wait_for_gpus)
+        plan = replace(plan, cluster=cluster_info(nodes), notes=plan.notes + nodes.notes)
+        for note in nodes.notes:
+            print(f"ddpboot: note: {note}", file=sys.stderr, flush=True)
     nlocal = len(plan.ranks)
     if local_filter is not None:
         check_ranks(local_filter, nlocal, "--local-ranks-filter", "local rank")
@@ -346,7 +370,7 @@ def _run(
         check_ranks(global_filter, plan.world_size, "--ranks-filter", "rank")
     routing = _routing(plan, red, teed, bool(log_dir), local_filter, global_filter, not no_prefix)
 
-    run_id = rdzv_id if rdzv_id and rdzv_id != "none" else _new_run_id()
+    run_id = rdzv_id if rdzv_id and rdzv_id != "none" else _new_run_id(nodes, env)
     spec = LaunchSpec(
         target=target,
         python=python,
@@ -364,12 +388,14 @@ def _run(
     )
 
     if dry_run:
-        if port:
-            bind_store_socket(bind_addr, port).close()  # a port in use is reported now, not at launch
+        if port and nodes.node_rank == 0:
+            _bind(nodes, bind_addr, port).close()  # a port in use is reported now, not at launch
         _print_dry_run(plan, spec, env)
         return
 
-    listener = bind_store_socket(bind_addr, port)
+    # Node 0 (or a one-node job) serves the store; on other nodes the guardian's store socket is a private loopback
+    # one that nobody uses, and the workers connect to node 0's.
+    listener = _bind(nodes, bind_addr, port) if nodes.node_rank == 0 else bind_store_socket("127.0.0.1", None)
     try:
         if log_dir:
             workdir, temporary = _run_dir(Path(log_dir), run_id), False
@@ -381,7 +407,19 @@ def _run(
         raise
     from ddpboot.launch.supervisor import Supervisor
 
-    sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir, temporary)
+    before_start = None
+    if multi:
+        from ddpboot.launch.nodes_check import check_nodes
+
+        assert nodes.master_port is not None
+
+        def before_start() -> None:
+            check_nodes(nodes.master_addr, nodes.master_port or 0, nodes.nnodes, nodes.node_rank, len(plan.ranks),
+                        timeout=join_timeout,
+                        progress=lambda msg: print(f"ddpboot: {msg}", file=sys.stderr, flush=True))
+
+    sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir, temporary,
+                     before_start=before_start)
     try:
         code = sup.run()
     finally:
@@ -391,6 +429,67 @@ def _run(
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def _nodes(
+    sel: Selection,
+    env: dict[str, str],
+    master_addr: str | None,
+    master_port: int | None,
+    endpoint: str,
+    standalone: bool,
+    max_restarts: int,
+) -> NodeSetup:
+    """Node count, node rank and store address: flags > SLURM step (one ddpboot per node) > one node
+    (cluster/nodes.py). For several nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in
+    torchrun, and the master address must resolve now: a name that does not would make every worker hang."""
+    if standalone:
+        _one_node(sel, standalone)
+        return node_setup(replace(sel, nnodes="1", node_rank=0), {})
+    nodes = node_setup(sel, env, master_addr, master_port)
+    if nodes.nnodes > 1 and endpoint and (master_addr is None or master_port is None):
+        host, ep_port = parse_endpoint(endpoint)
+        nodes = node_setup(sel, env, master_addr or host or None, master_port or ep_port)
+    if nodes.nnodes == 1:
+        return nodes
+    if max_restarts:
+        raise UsageError(
+            f"--max-restarts {max_restarts} with {nodes.nnodes} nodes: restarting needs every node to agree on a new "
+            "round, which static multi-node jobs do not have yet. Drop --max-restarts (under SLURM, requeue the job: "
+            "scripts/slurm/requeue.sbatch), or restart on one node."
+        )
+    check_resolvable(nodes.master_addr, timeout=5.0)
+    return nodes
+
+
+def _bind(nodes: NodeSetup, addr: str, port: int | None) -> socket.socket:
+    """Node 0's store socket, on the master address only (not every interface, unlike torchrun's)."""
+    try:
+        return bind_store_socket(addr, port)
+    except UsageError as exc:
+        if nodes.nnodes == 1 or "not an address of this machine" not in str(exc):
+            raise
+        raise UsageError(
+            f"--master-addr {addr} is not an address of this machine, and this is node 0 (--node-rank 0), which "
+            "serves the job's store on the master address. Run node rank 0 on the machine that has that address, "
+            "or give an address of this machine as --master-addr on every node."
+        ) from None
+
+
+def _join_timeout(conf: dict[str, str]) -> float:
+    """How long nodes wait for each other before starting workers (torchrun's --rdzv-conf join_timeout)."""
+    from ddpboot.launch.nodes_check import DEFAULT_JOIN_TIMEOUT
+
+    text = conf.get("join_timeout")
+    if text is None:
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"--rdzv-conf join_timeout={text}: give a number of seconds above 0 (default 600).")
+    return value
 
 
 def _one_node(sel: Selection, standalone: bool) -> Selection:
@@ -486,10 +585,45 @@ def _reserve(sel: Selection, env: dict[str, str], wait_for_gpus: str | None) -> 
         wait=wait,
         progress=lambda msg: print(f"ddpboot: {msg}", file=sys.stderr, flush=True),
         share=sel.share,
+        sleep=_sleep_unless_stopped,
     )
 
 
-def _new_run_id() -> str:
+def block_early(signals: tuple[signal.Signals, ...]) -> None:
+    """Block the handled signals and SIGCHLD now, before planning, for every thread to come.
+
+    Why here: NVML (libnvidia-ml) leaves a thread of its own in the launcher even after nvmlShutdown (seen on
+    2×H200: a thread named `cuda00001800007`), and a thread inherits its creator's signal mask. A process-directed
+    signal goes to any thread that does not block it: a SIGCHLD taken by NVML's thread is discarded (the
+    supervisor would never learn that a worker exited) and a SIGTERM kills the launcher with its default action.
+    Blocked everywhere, they wait for the supervisor's signalfd. Until then, a stop signal is seen by
+    `_sleep_unless_stopped` while waiting for GPUs; planning otherwise takes well under a second."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*signals, signal.SIGCHLD})
+
+
+def _sleep_unless_stopped(seconds: float) -> None:
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & signal.pthread_sigmask(
+        signal.SIG_BLOCK, []
+    )
+    if not stops:
+        time.sleep(seconds)
+        return
+    info = signal.sigtimedwait(stops, seconds)
+    if info is not None:
+        print(f"ddpboot: {signal.Signals(info.si_signo).name} while waiting for GPUs: nothing was started",
+              file=sys.stderr)
+        raise typer.Exit(128 + info.si_signo)
+
+
+def _new_run_id(nodes: NodeSetup | None = None, env: dict[str, str] | None = None) -> str:
+    """A fresh id for one node. On several nodes every launcher must give its workers the same
+    TORCHELASTIC_RUN_ID without talking first: the SLURM job and step ids, else the store's address."""
+    if nodes is not None and nodes.nnodes > 1:
+        env = env or {}
+        job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+        if nodes.source == "slurm" and job and step:
+            return f"slurm-{job}.{step}"
+        return f"nodes-{nodes.master_addr}-{nodes.master_port}"
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
 
 

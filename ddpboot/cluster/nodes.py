@@ -69,7 +69,7 @@ def resolve_nodes(
     addr = master_addr or (slurm.master_addr if slurm else None)
     if not addr:
         raise UsageError(
-            f"--nnodes {n} needs --master-addr: the address of node 0, where the store runs "
+            f"--nnodes {n} needs --master-addr: the address of node 0, where a multi-node job's store runs "
             "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
         )
     port = master_port or (slurm.master_port if slurm else DEFAULT_MASTER_PORT)
@@ -83,6 +83,8 @@ def check_resolvable(host: str, timeout: float = 5.0) -> str:
     future = pool.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
     try:
         infos = future.result(timeout=timeout)
+        # Join the lookup thread: the launcher forks workers next, which it does only without threads.
+        pool.shutdown(wait=True)
     except concurrent.futures.TimeoutError:
         raise UsageError(
             f"--master-addr {host}: the name did not resolve within {timeout:.0f} s. Use an address every node "
@@ -95,3 +97,32 @@ def check_resolvable(host: str, timeout: float = 5.0) -> str:
     finally:
         pool.shutdown(wait=False)
     return str(infos[0][4][0])
+
+
+def parse_nnodes(text: str) -> int:
+    """`--nnodes N` or torchrun's fixed range `N:N` → N. An elastic range MIN:MAX (MIN < MAX) is refused: ddpboot
+    runs a fixed node count (torch's c10d rendezvous for ranges is not wired in yet)."""
+    t = text.strip()
+    lo, sep, hi = t.partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise UsageError(f"--nnodes {text!r} is not a number of nodes (N, or torchrun's N:N).") from None
+    if low != high:
+        raise UsageError(
+            f"--nnodes {text}: elastic node ranges (MIN:MAX) are not supported yet; give a fixed node count "
+            "(--nnodes N), or use torchrun for an elastic job."
+        )
+    return low
+
+
+def cluster_info(setup: NodeSetup) -> dict[str, object]:
+    """What `ddpboot plan` shows (and prints in its JSON as `cluster`) about where the node setup came from."""
+    info: dict[str, object] = {"source": setup.source, "nnodes": setup.nnodes, "node_rank": setup.node_rank,
+                               "description": setup.describe()}
+    if setup.source != "single":
+        info["master_addr"] = setup.master_addr
+        info["master_port"] = setup.master_port
+    if setup.notes:
+        info["notes"] = list(setup.notes)
+    return info

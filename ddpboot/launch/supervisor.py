@@ -105,6 +105,7 @@ class Supervisor:
         temporary: bool,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
+        before_start: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -114,7 +115,10 @@ class Supervisor:
         self.temporary = temporary
         self.console = console or Console()
         self.clock = clock
-        self.port = int(listener.getsockname()[1])
+        # MASTER_PORT: the port we serve on, or node 0's (multi-node, node rank > 0: our listener only serves the
+        # guardian's unused local store).
+        self.port = spec.master_port or int(listener.getsockname()[1])
+        self.before_start = before_start  # e.g. the nodes' check-in (nodes_check.py), once the store is served
         self.policy = ForwardPolicy(frozenset(int(s) for s in spec.signals))
         self.guardian: Guardian | None = None
         self.sigfd: SignalFd | None = None
@@ -134,6 +138,8 @@ class Supervisor:
         self.sel.register(self.sigfd, selectors.EVENT_READ, "signals")
         code = 1
         try:
+            if self.before_start is not None:
+                self.before_start()
             for attempt in range(self.spec.max_restarts + 1):
                 if attempt:
                     try:
@@ -290,7 +296,11 @@ class Supervisor:
             timeout: float | None = None
             if kill_at is not None:
                 timeout = max(kill_at - now, 0.0)
-            if any(w.status is not None and not w.group_gone for w in self.workers):
+            if any(w.status is not None and not w.group_gone for w in self.workers) or any(
+                w.status is None and w.out.closed and w.err.closed for w in self.workers
+            ):
+                # Waiting for a group to empty, or for the exit of a worker whose pipes have closed (its SIGCHLD
+                # may come a moment after the EOF): re-check on a short tick.
                 timeout = min(timeout if timeout is not None else 1e9, self.spec.monitor_interval)
             for key, _ in self.sel.select(timeout):
                 if key.data == "signals":

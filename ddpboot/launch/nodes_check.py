@@ -1,0 +1,100 @@
+"""Before a multi-node job starts its workers, every node's launcher checks, through node 0's store, that the nodes
+agree: each publishes its local world size and host, waits (with a deadline) until every node has, and compares.
+
+Why: ddpboot numbers ranks as node_rank * nproc + local rank, so every node must run the same number of ranks. A node
+with fewer GPUs (a drained GPU, a different `--nproc`, another CUDA_VISIBLE_DEVICES) would otherwise give a world
+whose ranks overlap or leave gaps, and the workers would wait in init_process_group for ranks that never come
+(30 minutes by default) or fail with a confusing error. Two launchers claiming one node rank (a wrong
+`--node-rank`, or srun starting two per node) would do the same. Checked here, each node's launcher exits 2 with one
+message naming every node and its count, before any worker exists.
+
+The keys live outside the workers' namespace: torch's clients put "/" before every key, these do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.store_client import StoreClient, StoreGone, StoreTimeout
+
+PREFIX = "ddpboot/nodes"
+DEFAULT_JOIN_TIMEOUT = 600.0  # torchrun's rendezvous join_timeout default, and its --rdzv-conf key
+READ_TIMEOUT = 30.0  # how long node 0 keeps the store up for the others to read the check-in (they are already in)
+
+
+def check_nodes(
+    master_addr: str,
+    master_port: int,
+    nnodes: int,
+    node_rank: int,
+    local_world_size: int,
+    timeout: float = DEFAULT_JOIN_TIMEOUT,
+    host: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Publish this node's size, wait for all `nnodes`, raise UsageError if they disagree or do not all come."""
+    host = host or socket.gethostname()
+    where = f"{master_addr}:{master_port}"
+    try:
+        client = StoreClient(master_addr, master_port, connect_timeout=timeout)
+    except StoreGone as exc:
+        raise UsageError(
+            f"node {node_rank}: no store answers at {where} ({exc}). Node 0's launcher serves it: start it with the "
+            "same --master-addr/--master-port, and check that this node can reach that address."
+        ) from None
+    with client:
+        try:
+            claims = client.add(f"{PREFIX}/{node_rank}/claims", 1)
+            client.set(f"{PREFIX}/{node_rank}", f"{local_world_size} {host}")
+            keys = [f"{PREFIX}/{r}" for r in range(nnodes)]
+            if progress is not None and not client.check(keys):
+                progress(f"node {node_rank} ({host}, {local_world_size} ranks) waiting for the other nodes at {where}")
+            try:
+                client.wait(keys, timeout)
+            except StoreTimeout:
+                missing = [r for r in range(nnodes) if not client.check([f"{PREFIX}/{r}"])]
+                claimed = [r for r in range(nnodes) if client.check([f"{PREFIX}/{r}/claims"])]
+                _check_claims([r for r in claimed if int(client.get(f"{PREFIX}/{r}/claims")) > 1], nnodes, where)
+                raise UsageError(
+                    f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {nnodes} did not join "
+                    f"the store at {where} within {timeout:g} s, so no worker was started. Start one ddpboot per node "
+                    "with the same --nnodes, --master-addr and --master-port and node ranks 0.."
+                    f"{nnodes - 1} (or raise the deadline: --rdzv-conf join_timeout=SECONDS)."
+                ) from None
+            sizes = {}
+            for r in range(nnodes):
+                count, _, where_r = client.get(keys[r]).decode().partition(" ")
+                sizes[r] = (int(count), where_r)
+            dup = [r for r in range(nnodes) if int(client.get(f"{PREFIX}/{r}/claims")) > 1]
+            # Node 0's store must outlive everyone's reading: if node 0 found a mismatch and exited at once, the
+            # others would only see the store vanish. So each node says it has read, and node 0 waits for that.
+            client.set(f"{PREFIX}/{node_rank}/read", "1")
+            if node_rank == 0:
+                with contextlib.suppress(StoreTimeout):
+                    client.wait([f"{PREFIX}/{r}/read" for r in range(nnodes)], READ_TIMEOUT)
+        except StoreGone as exc:
+            raise UsageError(
+                f"node {node_rank}: the store at {where} went away while the nodes were checking in ({exc}); node 0's "
+                "launcher probably stopped (see its output). Nothing was started here."
+            ) from None
+    _check_claims(dup or ([node_rank] if claims > 1 else []), nnodes, where)
+    counts = {c for c, _ in sizes.values()}
+    if len(counts) > 1:
+        listing = ", ".join(f"node {r} ({h}): {c}" for r, (c, h) in sorted(sizes.items()))
+        raise UsageError(
+            f"the nodes of this job would run different numbers of ranks ({listing}); ddpboot needs the same number "
+            "on every node (global rank = node rank × ranks per node + local rank). Give every node the same --nproc "
+            "(e.g. the smallest count), or fix the GPUs the odd node sees (`ddpboot plan` on it shows why)."
+        )
+
+
+def _check_claims(dup: list[int], nnodes: int, where: str) -> None:
+    if dup:
+        raise UsageError(
+            f"two launchers claimed node rank {', '.join(map(str, dup))} of {nnodes} at {where}: each node needs its "
+            f"own --node-rank 0..{nnodes - 1} (under SLURM: exactly one ddpboot per node, "
+            "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES ddpboot ...`)."
+        )

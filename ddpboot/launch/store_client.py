@@ -1,0 +1,153 @@
+"""A small client of torch's TCPStore protocol, for launchers talking to each other through node 0's store.
+
+Why not `torch.distributed.TCPStore(is_master=False)`: the launcher never imports torch (≈2 s on a small machine,
+and it competes with the workers' own imports). The few requests a launcher needs (SET, GET, ADD, CHECK, WAIT with
+a deadline) are a few lines each over the wire format that store.py documents: a request is one QueryType byte and
+its arguments; strings are a native uint64 length and the bytes; integers native int64. The client validates first
+(VALIDATE + torch's magic number), as torch's own client does, so it speaks to ddpboot's server and torch's alike.
+
+Every call has a deadline: a node that never shows up, or a store that went away, becomes a StoreTimeout or a
+StoreGone, never a hang.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+from ddpboot.launch.store import (
+    ADD,
+    CANCEL_WAIT,
+    CHECK,
+    GET,
+    READY,
+    SET,
+    STOP_WAITING,
+    VALIDATE,
+    VALIDATION_MAGIC,
+    WAIT,
+    WAIT_CANCELED,
+)
+
+_U8 = struct.Struct("=B")
+_U32 = struct.Struct("=I")
+_U64 = struct.Struct("=Q")
+_I64 = struct.Struct("=q")
+
+
+class StoreGone(ConnectionError):
+    """The store closed the connection or cannot be reached."""
+
+
+class StoreTimeout(TimeoutError):
+    """A request's deadline passed before the store answered (e.g. a WAIT for a key nobody set)."""
+
+
+def _vec(value: bytes) -> bytes:
+    return _U64.pack(len(value)) + value
+
+
+def _key(key: str | bytes) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+class StoreClient:
+    """One connection to a TCPStore server. Not thread-safe: one request at a time, as the protocol is."""
+
+    def __init__(self, host: str, port: int, connect_timeout: float = 30.0) -> None:
+        """Connect, retrying refused connections until `connect_timeout` (node 0's launcher may start later)."""
+        self.address = f"{host}:{port}"
+        deadline = time.monotonic() + connect_timeout
+        last: OSError | None = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreGone(f"cannot connect to the store at {self.address} within {connect_timeout:g} s ({last})")
+            try:
+                self.sock = socket.create_connection((host, port), timeout=min(left, 5.0))
+                break
+            except OSError as exc:  # refused (not listening yet), unreachable, or timed out: retry until the deadline
+                last = exc
+                time.sleep(min(0.05, max(left, 0.0)))  # back-off between connection attempts, not a wait for a result
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._send(_U8.pack(VALIDATE) + _U32.pack(VALIDATION_MAGIC))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- wire ---------------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.settimeout(30.0)
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise StoreGone(f"the store at {self.address} went away: {exc}") from None
+
+    def _recv(self, n: int, deadline: float | None) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise StoreTimeout(f"no answer from the store at {self.address} in time")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(n - len(buf))
+            except TimeoutError:
+                raise StoreTimeout(f"no answer from the store at {self.address} in time") from None
+            except OSError as exc:
+                raise StoreGone(f"the store at {self.address} went away: {exc}") from None
+            if not chunk:
+                raise StoreGone(f"the store at {self.address} closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def _recv_vec(self, deadline: float | None) -> bytes:
+        n = int(_U64.unpack(self._recv(8, deadline))[0])
+        return self._recv(n, deadline)
+
+    # --- requests -----------------------------------------------------------------------------------
+
+    def set(self, key: str | bytes, value: str | bytes) -> None:
+        self._send(_U8.pack(SET) + _vec(_key(key)) + _vec(_key(value)))
+
+    def add(self, key: str | bytes, delta: int, timeout: float = 30.0) -> int:
+        self._send(_U8.pack(ADD) + _vec(_key(key)) + _I64.pack(delta))
+        return int(_I64.unpack(self._recv(8, time.monotonic() + timeout))[0])
+
+    def check(self, keys: Sequence[str | bytes], timeout: float = 30.0) -> bool:
+        """Whether every key exists now (no waiting)."""
+        self._send(_U8.pack(CHECK) + _U64.pack(len(keys)) + b"".join(_vec(_key(k)) for k in keys))
+        return int(_U8.unpack(self._recv(1, time.monotonic() + timeout))[0]) == READY
+
+    def wait(self, keys: Sequence[str | bytes], timeout: float) -> None:
+        """Block until every key exists; StoreTimeout after `timeout` seconds (the wait is then cancelled on the
+        server, so the connection stays usable)."""
+        self._send(_U8.pack(WAIT) + _U64.pack(len(keys)) + b"".join(_vec(_key(k)) for k in keys))
+        try:
+            answer = int(_U8.unpack(self._recv(1, time.monotonic() + timeout))[0])
+        except StoreTimeout:
+            self._send(_U8.pack(CANCEL_WAIT))
+            answer = int(_U8.unpack(self._recv(1, time.monotonic() + 30.0))[0])
+            if answer == STOP_WAITING:  # the keys arrived just as we gave up; the cancel's own answer follows
+                self._recv(1, time.monotonic() + 30.0)
+                return
+            if answer == WAIT_CANCELED:
+                raise
+            raise StoreGone(f"the store at {self.address} answered a cancelled wait with {answer}") from None
+        if answer != STOP_WAITING:
+            raise StoreGone(f"the store at {self.address} answered a wait with {answer}")
+
+    def get(self, key: str | bytes, timeout: float = 30.0) -> bytes:
+        """The value of `key`, waiting up to `timeout` seconds for it to be set (as torch's client does)."""
+        self.wait([key], timeout)
+        self._send(_U8.pack(GET) + _vec(_key(key)))
+        return self._recv_vec(time.monotonic() + 30.0)
