@@ -395,6 +395,7 @@ def _run(
 
     # Node 0 (or a one-node job) serves the store; on other nodes the guardian's store socket is a private loopback
     # one that nobody uses, and the workers connect to node 0's.
+    _stop_if_signalled()
     listener = _bind(nodes, bind_addr, port) if nodes.node_rank == 0 else bind_store_socket("127.0.0.1", None)
     try:
         if log_dir:
@@ -599,6 +600,17 @@ def block_early(signals: tuple[signal.Signals, ...]) -> None:
     Blocked everywhere, they wait for the supervisor's signalfd. Until then, a stop signal is seen by
     `_sleep_unless_stopped` while waiting for GPUs; planning otherwise takes well under a second."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {*signals, signal.SIGCHLD})
+
+
+def _stop_if_signalled() -> None:
+    """A stop signal that arrived while planning (blocked since block_early) ends the run before anything starts."""
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & signal.sigpending()
+    if stops:
+        info = signal.sigtimedwait(stops, 0)
+        if info is not None:
+            print(f"ddpboot: {signal.Signals(info.si_signo).name} before the start: nothing was started",
+                  file=sys.stderr)
+            raise typer.Exit(128 + info.si_signo)
 
 
 def _sleep_unless_stopped(seconds: float) -> None:

@@ -40,6 +40,7 @@ from ddpboot.launch.spec import LaunchSpec
 from ddpboot.plan import Plan, RankSlot
 
 SUMMARY_LINES = 20
+STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
 LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own once every rank has exited
 
 
@@ -129,7 +130,12 @@ class Supervisor:
     # --- the job -----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        if threading.active_count() > 1:  # fork() + Python code before exec is only safe without threads
+        # fork() + Python code before exec needs a launcher without Python threads. A helper thread that is
+        # finishing (a DNS lookup's pool after shutdown) gets a moment to end.
+        for t in threading.enumerate():
+            if t is not threading.main_thread():
+                t.join(timeout=2.0)
+        if threading.active_count() > 1:
             raise RuntimeError(f"ddpboot bug: the launcher runs threads {threading.enumerate()} and cannot fork")
         become_subreaper()
         self.guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None)
@@ -274,6 +280,7 @@ class Supervisor:
                     w.signalled.append(why)
 
         leaders_done_at: float | None = None
+        report_at: float | None = None  # when to say which processes survive SIGKILL
         while True:
             now = self.clock()
             leaders_done = all(w.status is not None for w in self.workers)
@@ -296,11 +303,14 @@ class Supervisor:
             timeout: float | None = None
             if kill_at is not None:
                 timeout = max(kill_at - now, 0.0)
+            if report_at is not None:
+                timeout = max(min(report_at - now, timeout if timeout is not None else 1e9), 0.0)
             if any(w.status is not None and not w.group_gone for w in self.workers) or any(
                 w.status is None and w.out.closed and w.err.closed for w in self.workers
             ):
-                # Waiting for a group to empty, or for the exit of a worker whose pipes have closed (its SIGCHLD
-                # may come a moment after the EOF): re-check on a short tick.
+                # Waiting for a group to empty, or for the exit of a worker whose pipes have closed (a GPU process
+                # can take a while between closing its descriptors and exiting, and its SIGCHLD may be taken by a
+                # foreign thread that does not block it): re-check on a short tick.
                 timeout = min(timeout if timeout is not None else 1e9, self.spec.monitor_interval)
             for key, _ in self.sel.select(timeout):
                 if key.data == "signals":
@@ -329,6 +339,10 @@ class Supervisor:
                         self._signal(w, signal.SIGKILL)
                         w.signalled.append(f"SIGKILL after {self.spec.shutdown_timeout:g} s")
                 kill_at = None
+                report_at = self.clock() + STUCK_REPORT
+            if report_at is not None and self.clock() >= report_at:
+                report_at = None
+                self._report_unkillable()
             if self.guardian_died is not None and not stopping:
                 self.console.message(
                     f"ddpboot: error: the guardian process (store server) exited with {self.guardian_died}; "
@@ -410,6 +424,32 @@ class Supervisor:
                         self.guardian.remove(w.pid)
             except PermissionError:
                 pass
+
+    def _report_unkillable(self) -> None:
+        """Processes that outlive SIGKILL are stuck in the kernel (typically a GPU driver call): say which, and
+        where, since the launcher can only wait for them."""
+        import psutil  # only on this rare path: the launcher stays light
+
+        groups = {w.pid: w for w in self.workers if not w.group_gone}
+        lines = []
+        for proc in psutil.process_iter(["pid", "status", "name"]):
+            try:
+                pgid = os.getpgid(proc.info["pid"])
+            except OSError:
+                continue
+            if pgid in groups:
+                try:
+                    with open(f"/proc/{proc.info['pid']}/wchan") as f:
+                        wchan = f.read().strip() or "?"
+                except OSError:
+                    wchan = "?"
+                lines.append(f"  rank {groups[pgid].slot.rank}: pid {proc.info['pid']} ({proc.info['name']}), state "
+                             f"{proc.info['status']}, in {wchan}")
+        if lines:
+            self.console.message(
+                f"ddpboot: {len(lines)} process{'es' if len(lines) > 1 else ''} still alive {STUCK_REPORT:g} s after "
+                "SIGKILL (stuck in the kernel; waiting for them):\n" + "\n".join(lines)
+            )
 
     def _signal(self, w: Worker, sig: int) -> None:
         if w.group_gone:

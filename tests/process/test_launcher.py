@@ -208,12 +208,14 @@ def test_restart_gets_a_fresh_store_and_counts_attempts(tmp_path: Path) -> None:
 def test_fail_fast_returns_the_failing_ranks_code(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    proc = start_launcher(["--nproc", "2", BEHAVE, "--exit", "1:3", "--hold", "0", "--child"], launch_env(out))
+    args = ["--nproc", "2", BEHAVE, "--exit", "1:3", "--hold", "0", "--child", "--await-all"]
+    proc = start_launcher(args, launch_env(out))
     code, _, err = finish(proc)
     assert code == 3, err
     assert "rank 1 failed: exit code 3" in err
     assert "rank 0: killed by SIGTERM" in err
     reps = reports(out)
+    assert sorted(reps) == [0, 1]
     for r in reps.values():
         assert gone(r["pid"]) and gone(r["child"])
 
@@ -221,7 +223,8 @@ def test_fail_fast_returns_the_failing_ranks_code(tmp_path: Path) -> None:
 def test_sibling_ignoring_sigterm_is_killed_after_the_shutdown_timeout(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    args = ["--nproc", "2", "--shutdown-timeout", "1", BEHAVE, "--exit", "1:3", "--ignore", "TERM", "--hold", "0"]
+    args = ["--nproc", "2", "--shutdown-timeout", "1", BEHAVE, "--exit", "1:3", "--ignore", "TERM", "--hold", "0",
+            "--await-all"]
     start = time.monotonic()
     proc = start_launcher(args, launch_env(out))
     code, _, err = finish(proc)
@@ -383,3 +386,27 @@ def test_the_launcher_never_imports_torch(tmp_path: Path) -> None:
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
     assert "ddpboot.launch.supervisor" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+
+
+FOREIGN_THREAD = """
+import ctypes, sys
+# A native thread with an empty signal mask, unknown to `threading`, as NVML's is in the launcher.
+libc = ctypes.CDLL(None)
+body = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda _: libc.sleep(3600))
+libc.pthread_create(ctypes.byref(ctypes.c_ulong()), None, body, None)
+from ddpboot.cli import main
+sys.argv[0] = "ddpboot"
+main()
+"""
+
+
+def test_a_thread_that_takes_sigchld_does_not_hang_the_launcher(tmp_path: Path) -> None:
+    """Seen on 2×H200: NVML leaves a thread in the launcher with its own signal mask, so process-directed signals
+    can be taken by it. The launcher blocks its signals before planning (threads created later inherit that);
+    a thread that exists even earlier, as here, may steal a SIGCHLD, and every worker exit must still be seen."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for args, code in ((["--lines", "3", "--linger", "0.3"], 0), (["--exit", "1:3", "--hold", "0"], 3)):
+        proc = subprocess.run([sys.executable, "-c", FOREIGN_THREAD, "--nproc", "2", BEHAVE, *args],
+                              env=launch_env(out), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, proc.stderr

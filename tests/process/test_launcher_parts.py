@@ -274,3 +274,23 @@ def test_policy_stops_on_terminating_signals_and_kills_on_a_second_sigint() -> N
     p = ForwardPolicy(HANDLED)
     d = p.decide(SignalInfo(signal.SIGTERM, 0, 7), 1.0, "python", from_worker=True)
     assert d.stop and not d.forward and d.terminate_workers  # nobody else will tell the other workers
+
+
+def test_processes_that_outlive_sigkill_are_named() -> None:
+    """After SIGKILL the launcher can only wait for a process stuck in the kernel; it says which one and where."""
+    from types import SimpleNamespace
+
+    from ddpboot.launch.supervisor import Supervisor
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands in for a stuck rank's group
+    try:
+        cap = Capture()
+        sup = Supervisor.__new__(Supervisor)
+        sup.workers = [SimpleNamespace(pid=sleeper.pid, group_gone=False, slot=SimpleNamespace(rank=3))]  # type: ignore[list-item]
+        sup.console = cap.console
+        sup._report_unkillable()
+        _, err = cap.read()
+        assert f"rank 3: pid {sleeper.pid} (sleep), state sleeping, in " in err.decode()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -4,6 +4,7 @@ Each rank writes what it saw to OUTDIR/rank<R>.json (env, argv, signals received
 creating OUTDIR/ready<R> once its signal handlers are installed, so a test can wait for that instead of sleeping.
 
     --exit RANK:CODE          exit with CODE on RANK (after the other actions)
+    --await-all               once ready, wait until every rank is ready (so a failure finds the others set up)
     --exit-attempts N         ... only while TORCHELASTIC_RESTART_COUNT < N
     --ignore SIG              ignore this signal (e.g. TERM): the launcher must SIGKILL us
     --count SIG               count deliveries of SIG (USR1, INT, TERM...), keep running
@@ -13,6 +14,8 @@ creating OUTDIR/ready<R> once its signal handlers are installed, so a test can w
     --lines N                 print N numbered lines to stdout (in odd-sized chunks) and N/2 to stderr
     --burst BYTES             write BYTES of numbered lines to stdout, then die of SIGKILL (nothing flushed after)
     --progress                write \\r progress fragments, waiting for OUTDIR/go between the first and the rest
+    --linger SECONDS          at the end, close stdout/stderr and wait before exiting (as a GPU process does while
+                              its driver tears down: the launcher sees EOF well before the exit)
     --store-probe             talk to the store (torch's protocol, by hand): report whether `probe` exists, set it
 """
 
@@ -105,6 +108,8 @@ def main() -> None:
     p.add_argument("--burst", action="append", default=[])
     p.add_argument("--progress", action="append", default=[])
     p.add_argument("--store-probe", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0)
+    p.add_argument("--await-all", action="store_true")
     p.add_argument("rest", nargs="*")
     a = p.parse_args()
 
@@ -121,6 +126,11 @@ def main() -> None:
         extras.update(store_probe())
     report(extras)
     (OUT / f"ready{RANK}").touch()
+    if a.await_all:
+        world = int(os.environ["WORLD_SIZE"])
+        deadline = time.monotonic() + 60
+        while not all((OUT / f"ready{r}").exists() for r in range(world)) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     if a.lines:
         for i in range(a.lines):
@@ -153,6 +163,13 @@ def main() -> None:
         deadline = time.monotonic() + 120
         while not stop_now and not (OUT / "release").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+    if a.linger:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.close(1)
+        os.close(2)
+        time.sleep(a.linger)
+        os._exit(0)
     codes = mine(a.exit)
     if codes:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
