@@ -20,7 +20,7 @@ class ClusterEnvironment(abc.ABC):
     """Where this process's ranks, sizes and rendezvous address come from (torchrun variables, SLURM, ...).
 
     Adding a source (LSF, Kubernetes, ...) is one new subclass: a `detect` that says whether its launcher started
-    this process, and a constructor that reads the eight values below.
+    this process, and a constructor that reads and checks the eight values below (`self._world_size`, ...).
     """
 
     name: ClassVar[str]
@@ -34,45 +34,55 @@ class ClusterEnvironment(abc.ABC):
     def __init__(self, env: Mapping[str, str]) -> None:
         """Read and check every value from `env`; raise `WorkerEnvError` naming the variable that is wrong."""
 
+    # The eight values every environment provides; a subclass's constructor sets them after checking them.
+    _world_size: int
+    _rank: int
+    _local_rank: int
+    _local_world_size: int
+    _node_rank: int
+    _nnodes: int
+    _main_address: str
+    _main_port: int
+
     @property
-    @abc.abstractmethod
     def world_size(self) -> int:
         """Number of processes in the job."""
+        return self._world_size
 
     @property
-    @abc.abstractmethod
     def global_rank(self) -> int:
         """This process's rank in the job, 0 .. world_size-1."""
+        return self._rank
 
     @property
-    @abc.abstractmethod
     def local_rank(self) -> int:
-        """This process's index among the processes of its node, 0 .. local_world_size-1."""
+        """This process's true index among the processes of its node, 0 .. local_world_size-1."""
+        return self._local_rank
 
     @property
-    @abc.abstractmethod
     def local_world_size(self) -> int:
         """Number of processes on this node."""
+        return self._local_world_size
 
     @property
-    @abc.abstractmethod
     def node_rank(self) -> int:
         """This node's index in the job, 0 .. nnodes-1."""
+        return self._node_rank
 
     @property
-    @abc.abstractmethod
     def nnodes(self) -> int:
         """Number of nodes in the job."""
+        return self._nnodes
 
     @property
-    @abc.abstractmethod
     def main_address(self) -> str:
         """Host of the rendezvous store (MASTER_ADDR)."""
+        return self._main_address
 
     @property
-    @abc.abstractmethod
     def main_port(self) -> int:
         """Port of the rendezvous store (MASTER_PORT)."""
+        return self._main_port
 
     def describe(self) -> str:
         """One line for logs and `ddpboot plan`."""

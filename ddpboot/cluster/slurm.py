@@ -194,34 +194,3 @@ class SlurmEnvironment(ClusterEnvironment):
         self._main_address = slurm_main_address(env)
         self._main_port = slurm_main_port(env)
 
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self._rank
-
-    @property
-    def local_rank(self) -> int:
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self._local_world_size
-
-    @property
-    def node_rank(self) -> int:
-        return self._node_rank
-
-    @property
-    def nnodes(self) -> int:
-        return self._nnodes
-
-    @property
-    def main_address(self) -> str:
-        return self._main_address
-
-    @property
-    def main_port(self) -> int:
-        return self._main_port

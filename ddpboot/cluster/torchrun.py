@@ -116,35 +116,3 @@ class TorchrunEnvironment(ClusterEnvironment):
         """DDPBOOT_ISOLATION as exported by ddpboot's launcher ("rank" or "node"); None for other launchers."""
         return self._isolation
 
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self._rank
-
-    @property
-    def local_rank(self) -> int:
-        """The true node-local index: DDPBOOT_LOCAL_RANK when set (LOCAL_RANK is 0 under rank isolation)."""
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self._local_world_size
-
-    @property
-    def node_rank(self) -> int:
-        return self._node_rank
-
-    @property
-    def nnodes(self) -> int:
-        return self._nnodes
-
-    @property
-    def main_address(self) -> str:
-        return self._main_address
-
-    @property
-    def main_port(self) -> int:
-        return self._main_port
