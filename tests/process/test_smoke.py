@@ -30,7 +30,7 @@ def verdicts(report: Any, check: str) -> list[dict[str, Any]]:
 def test_two_ranks_pass_with_json_and_junit(tmp_path: Path) -> None:
     junit = tmp_path / "smoke.xml"
     code, report, err = smoke("--nproc", "2", "--junit-xml", str(junit), "--max-bytes", "4MiB")
-    assert code == 0, err
+    assert code == 0, (err, [c for c in report["checks"] if c["status"] == "fail"] if report else None)
     assert report["passed"] and report["world_size"] == 2 and report["backend"] == "gloo"
     checks = {c["check"] for c in report["checks"]}
     assert checks >= {"init", "mapping", "all_reduce", "broadcast", "all_gather", "barrier", "ddp", "bandwidth"}
