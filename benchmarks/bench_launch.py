@@ -208,6 +208,18 @@ def run_kill9(cmd: Sequence[str], script: Path, env: dict[str, str], tmp: Path) 
     return took, left
 
 
+def sec(x: float) -> str:
+    return f"{x:.2f} s"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.0f} ms"
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:.0f} MiB"
+
+
 def stats(xs: Sequence[float], fmt: Callable[[float], str]) -> str:
     return f"{fmt(statistics.median(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
 
@@ -267,15 +279,6 @@ def main() -> None:
     kill9: dict[str, tuple[float | None, int]] = {}
     for name in ("ddpboot", "torchrun"):
         kill9[name] = run_kill9(CONTENDERS[name], orphan, env, tmp)
-
-    def sec(x: float) -> str:
-        return f"{x:.2f} s"
-
-    def ms(x: float) -> str:
-        return f"{x * 1000:.0f} ms"
-
-    def mib(x: float) -> str:
-        return f"{x / 2**20:.0f} MiB"
 
     tr = statistics.median(wall["torchrun"])
     lines = [

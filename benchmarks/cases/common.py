@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import bench_launch
-from bench_launch import DDPBOOT, PY, ROOT, TORCHRUN, PeakWatch, children, comm
+from bench_launch import DDPBOOT, PY, ROOT, TORCHRUN, PeakWatch, children, comm, mib, ms, sec  # noqa: F401 - re-exported to the cases
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -177,18 +177,6 @@ def ratio(a: Sequence[float], b: Sequence[float]) -> str:
     if not a or not b or statistics.median(a) <= 0 or statistics.median(b) <= 0:
         return "—"  # a ratio of a negative or zero quantity (an overhead lost in noise) means nothing
     return f"{statistics.median(a) / statistics.median(b):.2f}×"
-
-
-def sec(x: float) -> str:
-    return f"{x:.2f} s"
-
-
-def ms(x: float) -> str:
-    return f"{x * 1000:.0f} ms"
-
-
-def mib(x: float) -> str:
-    return f"{x / 2**20:.0f} MiB"
 
 
 def log(msg: str) -> None:
