@@ -17,7 +17,8 @@ BIN = Path(sys.executable).parent
 TRAIN = f"{REPO}/examples/train.py --steps 30 --log-every 10"
 
 
-def sbatch_wait(tmp_path: Path, body: str, tasks: str = "--ntasks-per-node=1") -> tuple[int, str]:
+def job_script(tmp_path: Path, body: str, tasks: str = "--ntasks-per-node=1") -> Path:
+    """A 2-node batch script running `body` with this checkout's ddpboot on PATH; output to tmp_path/out.txt."""
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
@@ -25,6 +26,20 @@ def sbatch_wait(tmp_path: Path, body: str, tasks: str = "--ntasks-per-node=1") -
         f"export PATH={BIN}:$PATH OMP_NUM_THREADS=1\n"
         f"{body}\n"
     )
+    return script
+
+
+def submit(tmp_path: Path, body: str, jobs: list[str]) -> str:
+    """Submit a job without waiting; its id is added to `jobs` (cancelled by the fixture at the end)."""
+    out = slurm("sbatch", "--parsable", str(job_script(tmp_path, body)), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    jobs.append(job_id)
+    return job_id
+
+
+def sbatch_wait(tmp_path: Path, body: str, tasks: str = "--ntasks-per-node=1") -> tuple[int, str]:
+    script = job_script(tmp_path, body, tasks)
     out = slurm("sbatch", "--wait", str(script), cwd=tmp_path, timeout=240)
     text = (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
     return out.returncode, text + out.stderr
@@ -81,17 +96,7 @@ def test_scancel_stops_every_worker(tmp_path: Path, jobs: list[str]) -> None:
         f"pathlib.Path('{tmp_path}', 'pid.' + os.environ['RANK']).write_text(str(os.getpid()))\n"
         "time.sleep(600)\n"
     )
-    script = tmp_path / "job.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"#SBATCH -N2 --ntasks-per-node=1 -t 3 -J ddpboot-test -o {tmp_path}/out.txt\n"
-        f"export PATH={BIN}:$PATH\n"
-        f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {hold}\n'
-    )
-    out = slurm("sbatch", "--parsable", str(script), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    job_id = out.stdout.strip().split(";")[0]
-    jobs.append(job_id)
+    job_id = submit(tmp_path, f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {hold}', jobs)
 
     def pids() -> list[int] | None:
         try:
@@ -119,17 +124,7 @@ def test_usr1_from_scancel_reaches_each_worker_once(tmp_path: Path, jobs: list[s
         "    time.sleep(0.05)\n"
         "(d / f'usr1.{rank}').write_text(str(len(hits)))\n"
     )
-    script = tmp_path / "job.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"#SBATCH -N2 --ntasks-per-node=1 -t 3 -J ddpboot-test -o {tmp_path}/out.txt\n"
-        f"export PATH={BIN}:$PATH\n"
-        f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {worker}\n'
-    )
-    out = slurm("sbatch", "--parsable", str(script), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    job_id = out.stdout.strip().split(";")[0]
-    jobs.append(job_id)
+    job_id = submit(tmp_path, f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {worker}', jobs)
     wait_for("4 workers ready", lambda: all((tmp_path / f"ready.{r}").exists() for r in range(4)), deadline_s=90)
     assert slurm("scancel", "-s", "USR1", job_id).returncode == 0
 
