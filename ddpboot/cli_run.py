@@ -39,6 +39,7 @@ from ddpboot.cli import (
 from ddpboot.cluster.nodes import NodeSetup, check_resolvable, cluster_info
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
+from ddpboot.launch.faststart import Zygote, supports
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     Std,
@@ -115,6 +116,18 @@ def run(
                      help="Run SCRIPT through runpy.run_path as __main__ (torchrun's --run-path); each worker is "
                      "still its own process."),
     ] = False,
+    fast_start: Annotated[
+        bool,
+        typer.Option("--fast-start/--no-fast-start", envvar="DDPBOOT_FAST_START", rich_help_panel=_PROG,
+                     help="Import torch once per node and fork every rank from that process, instead of each rank "
+                     "importing torch itself; the script runs exactly as `python -u SCRIPT ARGS` would (see "
+                     "docs/reference.md for the few differences). Python scripts and modules only."),
+    ] = False,
+    preload: Annotated[
+        str,
+        typer.Option("--preload", envvar="DDPBOOT_PRELOAD", rich_help_panel=_PROG,
+                     help="With --fast-start: more modules to import once, before forking the ranks (mod1,mod2)."),
+    ] = "",
     master_addr: Annotated[
         str | None,
         typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_STORE,
@@ -275,6 +288,8 @@ def _run(
     module: bool,
     no_python: bool,
     run_path: bool,
+    fast_start: bool,
+    preload: str,
     master_addr: str | None,
     master_port: int | None,
     rdzv_backend: str,
@@ -353,6 +368,11 @@ def _run(
     global_filter = parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter else None
     python = env.get("PYTHON_EXEC") or sys.executable
     target = check_target(Target(kind, script, tuple(args or ())), python, env, cwd)
+    preloads = _preloads(preload, fast_start)
+    if fast_start and not supports(target):
+        print(f"ddpboot: note: --fast-start forks Python ranks; {script} is a program (--no-python), so every rank "
+              "starts with exec as usual", file=sys.stderr, flush=True)
+        fast_start = False
 
     # --- the plan (and, for a real run, the GPU locks) ------------------------------------------------------
     locks = None
@@ -388,6 +408,9 @@ def _run(
     )
 
     if dry_run:
+        if fast_start:
+            print(f"fast start: one process imports torch{' and ' + ', '.join(preloads) if preloads else ''} with "
+                  f"{python}, then forks every rank")
         if port and nodes.node_rank == 0:
             _bind(nodes, bind_addr, port).close()  # a port in use is reported now, not at launch
         _print_dry_run(plan, spec, env)
@@ -419,11 +442,16 @@ def _run(
                         timeout=join_timeout,
                         progress=lambda msg: print(f"ddpboot: {msg}", file=sys.stderr, flush=True))
 
-    sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir, temporary,
-                     before_start=before_start)
+    zygote = None
     try:
+        if fast_start:
+            zygote = _start_zygote(python, target, cwd, env, plan, preloads)
+        sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir,
+                         temporary, before_start=before_start, zygote=zygote)
         code = sup.run()
     finally:
+        if zygote is not None:
+            zygote.close()
         if locks is not None:
             locks.release()
     raise typer.Exit(code)

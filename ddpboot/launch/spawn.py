@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import signal
 from collections.abc import Mapping, Sequence
@@ -59,8 +60,10 @@ def spawn(
     stderr: int,
     cpus: Sequence[int] = (),
     death_signal: int = signal.SIGKILL,
+    pass_fd: int | None = None,
 ) -> int:
-    """Start `argv` (argv[0] must be a path) and return its pid, which is also its process group id."""
+    """Start `argv` (argv[0] must be a path) and return its pid, which is also its process group id. `pass_fd`, if
+    given, is the one descriptor besides 0-2 that the program inherits, as its fd 3."""
     parent = os.getpid()
     err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
     env_b = {k.encode(): v.encode() for k, v in env.items()}
@@ -80,7 +83,16 @@ def spawn(
             os.dup2(stderr, 2)
             if cpus:
                 os.sched_setaffinity(0, cpus)
-            os.closerange(3, err_w)
+            low = 3
+            if pass_fd is not None:
+                if err_w <= 3:
+                    err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 4)
+                if pass_fd == 3:
+                    os.set_inheritable(3, True)
+                else:
+                    os.dup2(pass_fd, 3)  # the copy is inheritable
+                low = 4
+            os.closerange(low, err_w)
             os.closerange(err_w + 1, _max_fd())
             os.execve(argv[0], list(argv), env_b)
         except OSError as exc:

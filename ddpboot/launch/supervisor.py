@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
+from ddpboot.launch.faststart import FastStartError, Zygote
 from ddpboot.launch.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
 from ddpboot.launch.options import Std
@@ -93,6 +94,7 @@ class AttemptResult:
     root: Worker | None = None  # the first worker that failed
     stop_signal: int | None = None  # the signal that stopped the job
     workers: list[Worker] = field(default_factory=list)
+    restart_reason: str | None = None  # the watch callback stopped the attempt (e.g. an elastic membership change)
 
 
 class Supervisor:
@@ -107,6 +109,9 @@ class Supervisor:
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
         before_start: Callable[[], None] | None = None,
+        watch: Callable[[], str | None] | None = None,
+        watch_interval: float = 1.0,
+        zygote: Zygote | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -120,6 +125,14 @@ class Supervisor:
         # guardian's unused local store).
         self.port = spec.master_port or int(listener.getsockname()[1])
         self.before_start = before_start  # e.g. the nodes' check-in (nodes_check.py), once the store is served
+        # Called every watch_interval seconds while workers run; a non-None reason stops the attempt (SIGTERM, then
+        # SIGKILL after the shutdown timeout) and is recorded in the result (elastic membership changes).
+        self.watch = watch
+        self.watch_interval = watch_interval
+        self.result: AttemptResult | None = None  # the last attempt's
+        # Fast start: ranks are forked by the zygote (faststart.py), which reports their exits; None: fork+exec.
+        self.zygote = zygote
+        self.zygote_exits: dict[int, int] = {}
         self.policy = ForwardPolicy(frozenset(int(s) for s in spec.signals))
         self.guardian: Guardian | None = None
         self.sigfd: SignalFd | None = None
@@ -144,6 +157,8 @@ class Supervisor:
         self.sel.register(self.sigfd, selectors.EVENT_READ, "signals")
         code = 1
         try:
+            if self.zygote is not None:
+                self._await_zygote()
             if self.before_start is not None:
                 self.before_start()
             for attempt in range(self.spec.max_restarts + 1):
@@ -154,7 +169,10 @@ class Supervisor:
                         self.console.message(f"ddpboot: error: {exc}; not restarting")
                         return 1
                 result = self._attempt(attempt)
+                self.result = result
                 code = result.code
+                if result.restart_reason is not None:
+                    break
                 if result.root is not None:
                     self._summarize(result, attempt)
                 if result.code == 0 or result.stop_signal is not None or self.guardian_died is not None:
@@ -173,7 +191,25 @@ class Supervisor:
             self._finish()
         return code
 
+    def _await_zygote(self) -> None:
+        """Wait for the zygote's imports (the launcher's own start-up and the nodes' check-in overlap them). If it
+        cannot start, the ranks start with exec, and the message says why."""
+        assert self.zygote is not None
+        try:
+            info = self.zygote.wait_ready()
+        except FastStartError as exc:
+            self.console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
+            self.zygote = None
+            return
+        self.sel.register(self.zygote.sock, selectors.EVENT_READ, "zygote")
+        if os.environ.get("DDPBOOT_DEBUG"):
+            self.console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
+                                 f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")
+
     def _finish(self) -> None:
+        if self.zygote is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(self.zygote.sock)
         for w in self.workers:
             if not w.group_gone:
                 with contextlib.suppress(OSError):
@@ -238,7 +274,11 @@ class Supervisor:
                 out_r, out_w = os.pipe()
                 err_r, err_w = os.pipe()
                 try:
-                    w.pid = spawn(w.argv, w.env, out_w, err_w, cpus=w.slot.cpus)
+                    if self.zygote is not None:
+                        w.pid = self.zygote.fork_rank(self.spec.target, w.slot.local_rank, w.env, out_w, err_w,
+                                                      cpus=w.slot.cpus)
+                    else:
+                        w.pid = spawn(w.argv, w.env, out_w, err_w, cpus=w.slot.cpus)
                 finally:
                     os.close(out_w)
                     os.close(err_w)
@@ -281,6 +321,7 @@ class Supervisor:
 
         leaders_done_at: float | None = None
         report_at: float | None = None  # when to say which processes survive SIGKILL
+        watch_at = self.clock() + self.watch_interval if self.watch is not None else None
         while True:
             now = self.clock()
             leaders_done = all(w.status is not None for w in self.workers)
@@ -312,6 +353,10 @@ class Supervisor:
                 # can take a while between closing its descriptors and exiting, and its SIGCHLD may be taken by a
                 # foreign thread that does not block it): re-check on a short tick.
                 timeout = min(timeout if timeout is not None else 1e9, self.spec.monitor_interval)
+            if watch_at is not None:
+                timeout = max(min(watch_at - now, timeout if timeout is not None else 1e9), 0.0)
+            if self.zygote is not None and self.zygote.exits:
+                timeout = 0.0  # exits read while a rank was being started
             for key, _ in self.sel.select(timeout):
                 if key.data == "signals":
                     for info in self.sigfd.read() if self.sigfd else []:
@@ -328,11 +373,22 @@ class Supervisor:
                             kill_at = self.clock()
                 elif key.data == "pipe":
                     self._pump(key.fd, pipes)
+                elif key.data == "zygote" and self.zygote is not None:
+                    self.zygote_exits.update(self.zygote.poll())
+                    if self.zygote.gone:
+                        self.sel.unregister(self.zygote.sock)
             for w in self._reap():
                 if w.code != 0 and result.root is None and not stopping:
                     result.root = w
                     stop(signal.SIGTERM, f"SIGTERM (rank {w.slot.rank} failed)")
             self._check_groups()
+            if watch_at is not None and self.watch is not None and self.clock() >= watch_at:
+                watch_at = None if stopping else self.clock() + self.watch_interval
+                reason = None if stopping else self.watch()
+                if reason is not None and not stopping:
+                    result.restart_reason = reason
+                    self.console.message(f"ddpboot: {reason}; stopping every rank of this node to restart")
+                    stop(signal.SIGTERM, f"SIGTERM ({reason})")
             if kill_at is not None and self.clock() >= kill_at:
                 for w in self.workers:
                     if not w.group_gone:
@@ -409,6 +465,20 @@ class Supervisor:
                 done.append(w)
             elif self.guardian is not None and pid == self.guardian.pid and self.guardian_died is None:
                 self.guardian_died = exit_code_of(status)
+            elif self.zygote is not None and pid == self.zygote.pid:
+                # Its ranks die with it (PR_SET_PDEATHSIG) and come to us, their subreaper, to be reaped.
+                self.zygote.gone = True
+                self.console.message(f"ddpboot: error: the fast-start process (pid {pid}) died: "
+                                     f"{describe_status(status)}; its ranks are killed with it")
+        if self.zygote is not None:
+            self.zygote_exits.update(self.zygote.poll())
+        for pid, status in list(self.zygote_exits.items()):  # ranks forked by the zygote, reaped by it
+            w = by_pid.get(pid)
+            if w is not None:
+                del self.zygote_exits[pid]
+                w.status = status
+                w.ended = self.clock()
+                done.append(w)
         return done
 
     def _check_groups(self) -> None:

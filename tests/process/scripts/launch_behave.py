@@ -42,6 +42,7 @@ def report(extra: dict[str, object] | None = None) -> None:
     data = {
         "rank": RANK,
         "pid": os.getpid(),
+        "ppid": os.getppid(),
         "pgid": os.getpgid(0),
         "sid": os.getsid(0),
         "argv": sys.argv[1:],
