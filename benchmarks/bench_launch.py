@@ -36,7 +36,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-DDPBOOT = [str(Path(PY).with_name("ddpboot"))] if Path(PY).with_name("ddpboot").exists() else [PY, "-m", "ddpboot"]
+
+
+def _ddpboot_command() -> list[str]:
+    """The `ddpboot` console script next to this interpreter when it runs this interpreter, else `python -m ddpboot`
+    (a machine may have a `ddpboot` script installed for another Python next to this one)."""
+    script = Path(PY).with_name("ddpboot")
+    try:
+        first = script.read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        return [PY, "-m", "ddpboot"]
+    if first.startswith("#!") and Path(first[2:].strip().split()[0]).resolve() == Path(PY).resolve():
+        return [str(script)]
+    return [PY, "-m", "ddpboot"]
+
+
+DDPBOOT = _ddpboot_command()
 TORCHRUN = [PY, "-m", "torch.distributed.run"]
 
 JOB = """
