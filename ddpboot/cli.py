@@ -214,7 +214,9 @@ SELECTION_PARAMS = [
         default="1",
         annotation=Annotated[
             str,
-            typer.Option("--nnodes", envvar="PET_NNODES", help="Number of nodes (static).", rich_help_panel=_SEL),
+            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_SEL,
+                         help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
+                         "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
         ],
     ),
     inspect.Parameter(

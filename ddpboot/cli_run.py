@@ -59,8 +59,8 @@ from ddpboot.locks import GpuLocks
 from ddpboot.plan import Plan
 
 MULTI_NODE_LATER = (
-    "this launcher runs one node for now; multi-node jobs arrive with the SLURM/multi-node issue. Until then run one "
-    "node per job (or torchrun for several)."
+    "for several nodes give --nnodes N with --node-rank and --master-addr (a fixed node count, or srun under SLURM), "
+    "or --nnodes MIN:MAX with --rdzv-backend c10d --rdzv-endpoint HOST:PORT (an elastic job)."
 )
 
 _PROG = "Program"
@@ -143,14 +143,15 @@ def run(
     rdzv_backend: Annotated[
         str,
         typer.Option("--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_STORE,
-                     help="torchrun's rendezvous backend. One node: accepted (static or c10d) and served by "
-                     "ddpboot's own store."),
+                     help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). "
+                     "Otherwise accepted (static or c10d); the workers' store is ddpboot's."),
     ] = "static",
     rdzv_endpoint: Annotated[
         str,
         typer.Option("--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_STORE,
-                     help="HOST:PORT of the rendezvous store. One node: HOST must be this machine; PORT is used "
-                     "like --master-port."),
+                     help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d "
+                     "rendezvous there, hosted by the launcher on HOST. Fixed node count: stands for --master-addr/"
+                     "--master-port. One node: HOST must be this machine; PORT is used like --master-port."),
     ] = "",
     rdzv_id: Annotated[
         str | None,
@@ -161,7 +162,8 @@ def run(
     rdzv_conf: Annotated[
         str,
         typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_STORE,
-                     help="torchrun's KEY=VALUE,... rendezvous settings; checked, not needed on one node."),
+                     help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (every job with several nodes), "
+                     "last_call_timeout, close_timeout and the others of torch's c10d rendezvous (elastic jobs)."),
     ] = "",
     standalone: Annotated[
         bool,
@@ -172,7 +174,8 @@ def run(
     local_addr: Annotated[
         str | None,
         typer.Option("--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_STORE,
-                     help="This node's address for other nodes (multi-node); unused on one node."),
+                     help="This node's address for other nodes: where node group rank 0 serves the workers' store "
+                     "in an elastic job (default: its address on the route to the rendezvous endpoint)."),
     ] = None,
     store: Annotated[
         str,
@@ -416,6 +419,20 @@ def _run(
         _print_dry_run(plan, spec, env)
         return
 
+    if nodes.source == "elastic":  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
+        from ddpboot.launch.elastic import run_elastic
+
+        elastic_zygote = _start_zygote(python, target, cwd, env, plan, preloads) if fast_start else None
+        try:
+            code = run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
+                               rdzv_conf=parse_rdzv_conf(rdzv_conf), max_restarts=max_restarts, log_dir=log_dir,
+                               run_dir=_run_dir,
+                               supervisor_kwargs={"zygote": elastic_zygote} if elastic_zygote else None)
+        finally:
+            if elastic_zygote is not None:
+                elastic_zygote.close()
+        raise typer.Exit(code)
+
     # Node 0 (or a one-node job) serves the store; on other nodes the guardian's store socket is a private loopback
     # one that nobody uses, and the workers connect to node 0's.
     _stop_if_signalled()
@@ -471,7 +488,15 @@ def _nodes(
 ) -> NodeSetup:
     """Node count, node rank and store address: flags > SLURM step (one ddpboot per node) > one node
     (cluster/nodes.py). For several nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in
-    torchrun, and the master address must resolve now: a name that does not would make every worker hang."""
+    torchrun, and the master address must resolve now: a name that does not would make every worker hang. An elastic
+    range (MIN:MAX) goes to torch's c10d rendezvous (launch/elastic.py), which decides the node rank at each round."""
+    from ddpboot.cluster.nodes import parse_node_range
+
+    low, high = parse_node_range(sel.nnodes)
+    if low != high:
+        from ddpboot.launch.elastic import elastic_nodes
+
+        return elastic_nodes(sel.nnodes.strip(), low, high, endpoint, standalone)
     if standalone:
         _one_node(sel, standalone)
         return node_setup(replace(sel, nnodes="1", node_rank=0), {})
@@ -489,6 +514,29 @@ def _nodes(
         )
     check_resolvable(nodes.master_addr, timeout=5.0)
     return nodes
+
+
+def _preloads(text: str, fast_start: bool) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if names and not fast_start:
+        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
+                         "--preload.")
+    bad = [m for m in names if not all(part.isidentifier() for part in m.split("."))]
+    if bad:
+        raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
+                         "comma-separated: --preload numpy,transformers).")
+    return names
+
+
+def _start_zygote(python: str, target: Target, cwd: Path, env: dict[str, str], plan: Plan,
+                  preloads: list[str]) -> Zygote:
+    """The fast-start process, importing while the launcher finishes starting. It imports torch with the ranks'
+    OMP_NUM_THREADS when they share one value (libgomp and OpenBLAS read it once, at import)."""
+    zenv = dict(env)
+    threads = {env.get("OMP_NUM_THREADS") or str(max(s.omp_threads, 1)) for s in plan.ranks}
+    if len(threads) == 1:
+        zenv["OMP_NUM_THREADS"] = threads.pop()
+    return Zygote.start(python, target, cwd, zenv, preloads)
 
 
 def _bind(nodes: NodeSetup, addr: str, port: int | None) -> socket.socket:
@@ -522,17 +570,17 @@ def _join_timeout(conf: dict[str, str]) -> float:
 
 
 def _one_node(sel: Selection, standalone: bool) -> Selection:
-    """torchrun writes a fixed node count as `1:1`; anything beyond one node is refused for now (exit 2)."""
+    """A one-node job (`--standalone`); torchrun writes a fixed node count as `1:1`. Several nodes exit 2."""
     text = sel.nnodes.strip()
     m = re.fullmatch(r"(\d+):(\d+)", text)
     if m:
         lo, hi = int(m.group(1)), int(m.group(2))
         if lo != hi:
-            raise UsageError(f"--nnodes {text}: elastic node ranges (MIN:MAX) need several nodes; {MULTI_NODE_LATER}")
+            raise UsageError(f"--nnodes {text} is an elastic range, and --standalone a one-node job; drop one of them.")
         text = str(lo)
         sel = replace(sel, nnodes=text)
     if text.isdigit() and int(text) > 1:
-        raise UsageError(f"--nnodes {text}: {MULTI_NODE_LATER}")
+        raise UsageError(f"--nnodes {text} with --standalone, a one-node job: drop --standalone; {MULTI_NODE_LATER}")
     if standalone and text.isdigit() and int(text) != 1:
         raise UsageError("--standalone is a one-node job; drop --nnodes or --standalone.")
     from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
@@ -658,6 +706,10 @@ def _sleep_unless_stopped(seconds: float) -> None:
 def _new_run_id(nodes: NodeSetup | None = None, env: dict[str, str] | None = None) -> str:
     """A fresh id for one node. On several nodes every launcher must give its workers the same
     TORCHELASTIC_RUN_ID without talking first: the SLURM job and step ids, else the store's address."""
+    if nodes is not None and nodes.source == "elastic" and nodes.rdzv_endpoint:
+        from ddpboot.launch.elastic import default_run_id
+
+        return default_run_id(nodes.rdzv_endpoint)
     if nodes is not None and nodes.nnodes > 1:
         env = env or {}
         job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")

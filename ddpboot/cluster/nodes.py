@@ -4,6 +4,10 @@ Precedence: explicit flags (`--nnodes`, `--node-rank`, `--master-addr`, `--maste
 win; inside a srun step (one ddpboot per node) SLURM supplies what the flags do not, and a flag that contradicts
 SLURM wins with a note; otherwise the job is one node with its store on loopback, on a port the launcher binds
 itself (no port race). `ddpboot plan` prints which source was used.
+
+An elastic range (`--nnodes MIN:MAX`) has no fixed node rank or node count: torch's c10d rendezvous decides them at
+each round (launch/elastic.py). Its NodeSetup (source "elastic") records the range, the rendezvous endpoint and the
+address this node serves the workers' store on when it is group rank 0.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.errors import UsageError
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
+DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint given as HOST only)
 LOOPBACK = "127.0.0.1"
 
 
@@ -26,12 +31,20 @@ class NodeSetup:
     node_rank: int
     master_addr: str
     master_port: int | None  # None: one node, the launcher binds a free loopback port itself
-    source: str  # "single", "flags", "slurm"
+    source: str  # "single", "flags", "slurm", "elastic"
     notes: tuple[str, ...] = ()
+    # Elastic jobs only: the node range and torch's c10d rendezvous endpoint (HOST:PORT). nnodes is then MAX and
+    # node_rank 0: a placeholder plan until a rendezvous round says which node this is.
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    rdzv_endpoint: str | None = None
 
     def describe(self) -> str:
         if self.source == "single":
             return "one node, store on loopback"
+        if self.source == "elastic":
+            return (f"elastic: {self.min_nodes} to {self.max_nodes} nodes through the c10d rendezvous at "
+                    f"{self.rdzv_endpoint}; this node's store address {self.master_addr}")
         return (f"{self.source}: node {self.node_rank} of {self.nnodes}, store at "
                 f"{self.master_addr}:{self.master_port}")
 
@@ -77,7 +90,7 @@ def resolve_nodes(
     return NodeSetup(n, r, addr, port, source, tuple(notes))
 
 
-def check_resolvable(host: str, timeout: float = 5.0) -> str:
+def check_resolvable(host: str, timeout: float = 5.0, option: str = "--master-addr") -> str:
     """The IPv4/IPv6 address of `host`, or a UsageError within `timeout` seconds (a DNS lookup can hang)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     future = pool.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
@@ -87,40 +100,66 @@ def check_resolvable(host: str, timeout: float = 5.0) -> str:
         pool.shutdown(wait=True)
     except concurrent.futures.TimeoutError:
         raise UsageError(
-            f"--master-addr {host}: the name did not resolve within {timeout:.0f} s. Use an address every node "
+            f"{option} {host}: the name did not resolve within {timeout:.0f} s. Use an address every node "
             "can reach (an IP, or a name in /etc/hosts or DNS)."
         ) from None
     except OSError as exc:
         raise UsageError(
-            f"--master-addr {host} does not resolve ({exc}). Use an address every node can reach."
+            f"{option} {host} does not resolve ({exc}). Use an address every node can reach."
         ) from None
     finally:
         pool.shutdown(wait=False)
     return str(infos[0][4][0])
 
 
-def parse_nnodes(text: str) -> int:
-    """`--nnodes N` or torchrun's fixed range `N:N` → N. An elastic range MIN:MAX (MIN < MAX) is refused: ddpboot
-    runs a fixed node count (torch's c10d rendezvous for ranges is not wired in yet)."""
+def parse_node_range(text: str) -> tuple[int, int]:
+    """`--nnodes N` → (N, N); torchrun's `MIN:MAX` → (MIN, MAX). Raises UsageError for anything else, MIN < 1 or
+    MIN > MAX."""
     t = text.strip()
     lo, sep, hi = t.partition(":")
     try:
         low, high = int(lo), int(hi) if sep else int(lo)
     except ValueError:
-        raise UsageError(f"--nnodes {text!r} is not a number of nodes (N, or torchrun's N:N).") from None
+        raise UsageError(
+            f"--nnodes {text!r} is not a number of nodes: give N (a fixed count) or MIN:MAX (an elastic range, "
+            "e.g. 1:4)."
+        ) from None
+    if low < 1:
+        raise UsageError(f"--nnodes {text}: a job has at least 1 node{f' (MIN is {low})' if sep else ''}.")
+    if low > high:
+        raise UsageError(f"--nnodes {text}: MIN ({low}) is above MAX ({high}); write {high}:{low}.")
+    return low, high
+
+
+def parse_nnodes(text: str) -> int:
+    """`--nnodes N` or torchrun's fixed range `N:N` → N. An elastic range MIN:MAX (MIN < MAX) has no fixed node
+    count: only the launcher runs it (through torch's c10d rendezvous), so anything that needs a count refuses it."""
+    low, high = parse_node_range(text)
     if low != high:
         raise UsageError(
-            f"--nnodes {text}: elastic node ranges (MIN:MAX) are not supported yet; give a fixed node count "
-            "(--nnodes N), or use torchrun for an elastic job."
+            f"--nnodes {text} is an elastic range: each rendezvous round decides how many nodes run and which one "
+            "this is, so there is no fixed plan to show. Give the node count of one round (--nnodes N), or let the "
+            f"launcher show this node's part: `ddpboot --dry-run --nnodes {text} --rdzv-backend c10d "
+            "--rdzv-endpoint HOST:PORT ...`."
         )
     return low
+
+
+def elastic_setup(
+    min_nodes: int, max_nodes: int, endpoint: str, store_addr: str, notes: tuple[str, ...] = ()
+) -> NodeSetup:
+    """An elastic range: planned as node 0 of MAX nodes until a rendezvous round gives the real values."""
+    return NodeSetup(max_nodes, 0, store_addr, None, "elastic", notes, min_nodes, max_nodes, endpoint)
 
 
 def cluster_info(setup: NodeSetup) -> dict[str, object]:
     """What `ddpboot plan` shows (and prints in its JSON as `cluster`) about where the node setup came from."""
     info: dict[str, object] = {"source": setup.source, "nnodes": setup.nnodes, "node_rank": setup.node_rank,
                                "description": setup.describe()}
-    if setup.source != "single":
+    if setup.source == "elastic":
+        info.update(min_nodes=setup.min_nodes, max_nodes=setup.max_nodes, rdzv_endpoint=setup.rdzv_endpoint,
+                    store_addr=setup.master_addr)
+    elif setup.source != "single":
         info["master_addr"] = setup.master_addr
         info["master_port"] = setup.master_port
     if setup.notes:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddpboot.cluster.nodes import check_resolvable, resolve_nodes
+from ddpboot.cluster.nodes import (
+    check_resolvable,
+    cluster_info,
+    elastic_setup,
+    parse_nnodes,
+    parse_node_range,
+    resolve_nodes,
+)
 from ddpboot.errors import UsageError
 
 SRUN = {  # what srun gives a launcher on the second of two nodes with --ntasks-per-node=1
@@ -82,3 +89,43 @@ def test_resolvable_and_not() -> None:
     assert check_resolvable("127.0.0.1") == "127.0.0.1"
     with pytest.raises(UsageError, match=r"(does|did) not resolve"):
         check_resolvable("no-such-host.invalid", timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("1", (1, 1)), (" 4 ", (4, 4)), ("2:2", (2, 2)), ("1:4", (1, 4)), ("3:8", (3, 8))]
+)
+def test_node_ranges(text: str, expected: tuple[int, int]) -> None:
+    assert parse_node_range(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("3:2", r"MIN \(3\) is above MAX \(2\); write 2:3"),
+        ("0:2", "at least 1 node"),
+        ("0", "at least 1 node"),
+        ("a:2", "is not a number of nodes"),
+        ("1:", "is not a number of nodes"),
+        ("1:2:3", "is not a number of nodes"),
+        ("", "is not a number of nodes"),
+    ],
+)
+def test_bad_node_ranges(text: str, match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        parse_node_range(text)
+
+
+def test_a_fixed_count_accepts_n_colon_n_and_points_ranges_to_the_launcher() -> None:
+    assert parse_nnodes("3") == 3 and parse_nnodes("2:2") == 2
+    with pytest.raises(UsageError, match=r"elastic range.*--dry-run --nnodes 1:2 --rdzv-backend c10d"):
+        parse_nnodes("1:2")
+
+
+def test_an_elastic_setup_is_planned_as_node_0_of_max() -> None:
+    s = elastic_setup(1, 4, "10.0.0.1:29400", "10.0.0.2", ("a note",))
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (4, 0, "10.0.0.2", None, "elastic")
+    assert "1 to 4 nodes through the c10d rendezvous at 10.0.0.1:29400" in s.describe()
+    info = cluster_info(s)
+    assert (info["min_nodes"], info["max_nodes"], info["rdzv_endpoint"], info["store_addr"]) == (
+        1, 4, "10.0.0.1:29400", "10.0.0.2")
+    assert info["notes"] == ["a note"] and "master_port" not in info

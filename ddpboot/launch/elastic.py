@@ -1,0 +1,610 @@
+"""Elastic jobs: `--nnodes MIN:MAX` with torch's c10d rendezvous, torchrun's semantics, one Supervisor per round.
+
+    ddpboot --nnodes 1:4 --nproc gpu --rdzv-backend c10d --rdzv-endpoint node01:29400 train.py
+
+Every node runs this launcher with the same options. torch's c10d rendezvous (torch.distributed.elastic.rendezvous,
+hosted on the endpoint's machine by that node's launcher) forms rounds of MIN..MAX nodes; each round gives this node
+its group rank and the node count. Group rank 0 serves the round's worker store (ddpboot's own, as on one node) on
+its --local-addr and a fresh port and publishes that address through the rendezvous store; global ranks follow
+torchrun (each node's ranks come after those of the lower group ranks). Then a Supervisor runs the round's workers.
+
+What ends a round (torchrun's rules):
+- a node waiting to join (torch's num_nodes_waiting() > 0, asked every WATCH_INTERVAL s): the local workers are
+  stopped and every node re-joins; membership changes never count against --max-restarts;
+- a worker failure (on this node, or a peer's collective error after another node died): with restarts left, the
+  group re-joins with TORCHELASTIC_RESTART_COUNT one higher; without, the launcher exits with the failing rank's
+  exit code and closes the rendezvous so that the other nodes stop too;
+- success: this node waits (up to EXIT_BARRIER s) until every node of the round has succeeded, closes the
+  rendezvous and exits 0;
+- a stop signal to the launcher: workers stopped, exit 128+N, the rendezvous left open (as torchrun).
+
+The rendezvous handler imports torch and runs a keep-alive thread, which the launcher must not (it forks workers
+and never imports torch): it lives in a child process, rdzv_agent.py, spoken to over a socketpair.
+
+GPU selection and locks happen once per launcher: each round's plan is the node's reserved plan with the round's
+ranks, world size, node rank and node count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ddpboot.cluster.nodes import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
+from ddpboot.errors import UsageError
+from ddpboot.launch.logs import Console
+from ddpboot.launch.options import parse_endpoint
+from ddpboot.launch.preflight import bind_store_socket, is_loopback
+from ddpboot.launch.signals import SignalFd
+from ddpboot.launch.spawn import spawn
+from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.supervisor import AttemptResult, Supervisor
+from ddpboot.locks import GpuLocks
+from ddpboot.plan import Plan
+
+WATCH_INTERVAL = 0.5  # seconds between "nodes waiting?" while workers run (torch caches its state for 1 s)
+WATCH_REPLY_WAIT = 1.0  # how long the supervisor's loop waits for that answer before carrying on without it
+EXIT_BARRIER = 300.0  # torchrun's exit_barrier_timeout
+AGENT_EXIT_WAIT = 5.0  # seconds the agent gets to exit after "quit" before SIGKILL
+STOPS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+
+
+# --- options (called from cli_run._nodes, before planning) -------------------------------------------------------
+
+
+def cli_value(name: str, default: Any = None) -> Any:
+    """The value of the running command's option `name` (parsed already), or `default` outside a command."""
+    try:  # typer ≥ 0.22 vendors click as typer._click; older ones depend on click itself
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - depends on the typer version
+        from click import get_current_context  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+    ctx: Any = get_current_context(silent=True)
+    if ctx is None:
+        return default
+    return ctx.params.get(name, default)
+
+
+def elastic_nodes(text: str, low: int, high: int, endpoint: str, standalone: bool) -> NodeSetup:
+    """Check an elastic range's options (exit 2 on anything wrong, nothing started) and describe the node."""
+    from ddpboot.cli import option_given
+
+    if standalone:
+        raise UsageError(f"--standalone is a one-node job and --nnodes {text} an elastic range; drop one of them.")
+    backend = str(cli_value("rdzv_backend", "c10d")).strip().lower()
+    problems = ([f"--rdzv-backend is {backend}"] if backend != "c10d" else []) + (
+        ["--rdzv-endpoint is missing"] if not endpoint.strip() else [])
+    if problems:
+        raise UsageError(
+            f"--nnodes {text} is an elastic range, which runs through torch's c10d rendezvous: pass --rdzv-backend "
+            "c10d and --rdzv-endpoint HOST:PORT (the same on every node; HOST is the node that hosts the "
+            f"rendezvous). Here {' and '.join(problems)}."
+        )
+    host, port = parse_endpoint(endpoint)
+    if not host:
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} names no host; give HOST:PORT (one of the nodes).")
+    port = port or DEFAULT_RDZV_PORT
+    if cli_value("ranks_filter"):
+        raise UsageError(
+            "--ranks-filter names global ranks, which an elastic job only knows once each rendezvous round has "
+            "formed; use --local-ranks-filter (this node's ranks) instead."
+        )
+    ip = check_resolvable(host, option="--rdzv-endpoint")
+    local = cli_value("local_addr")
+    if local:
+        store_addr = "127.0.0.1" if is_loopback(local) else str(local)
+        try:
+            bind_store_socket(store_addr, None).close()
+        except UsageError:
+            raise UsageError(
+                f"--local-addr {local} is not an address of this machine: it is where this node serves the workers' "
+                "store when it is group rank 0. Give an address of this machine that the other nodes reach."
+            ) from None
+    else:
+        store_addr = default_store_addr(host, ip, port)
+    notes = [
+        f"elastic job: this node joins rounds of {low} to {high} nodes at the c10d rendezvous {host}:{port}; its "
+        "node rank, global ranks, world size and MASTER_ADDR/MASTER_PORT are decided at each round (shown here as "
+        f"node 0 of {high})"
+    ]
+    ignored = [f"--{o.replace('_', '-')}" for o in ("node_rank", "master_addr", "master_port") if option_given(o)]
+    if ignored:
+        notes.append(f"{', '.join(ignored)} not used by an elastic job: the rendezvous numbers the nodes, and group "
+                     "rank 0 serves the workers' store on its --local-addr and a free port")
+    return elastic_setup(low, high, f"{host}:{port}", store_addr, tuple(notes))
+
+
+def default_store_addr(host: str, ip: str, port: int) -> str:
+    """Where this node serves the workers' store as group rank 0, without --local-addr: 127.0.0.1 for a loopback
+    endpoint (every node on this machine); otherwise this machine's address on the route to the endpoint (what the
+    other nodes most likely reach), or its first non-loopback address when the endpoint's name resolves to loopback
+    here (Debian maps the host's own name to 127.0.1.1)."""
+    if is_loopback(host):
+        return "127.0.0.1"
+    addr = ""
+    if not ipaddress.ip_address(ip).is_loopback:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((ip, port))  # UDP: no packet is sent, the kernel only picks the route
+            addr = str(s.getsockname()[0])
+    if not addr or ipaddress.ip_address(addr).is_loopback:
+        import psutil
+
+        for nics in psutil.net_if_addrs().values():
+            for nic in nics:
+                if nic.family == socket.AF_INET and not ipaddress.ip_address(nic.address).is_loopback:
+                    return str(nic.address)
+        return addr or "127.0.0.1"
+    return addr
+
+
+def default_run_id(endpoint: str) -> str:
+    """The same on every node without talking first: the endpoint names the job (torchrun's default is 'none')."""
+    return "elastic-" + endpoint.replace(":", "-").replace("[", "").replace("]", "")
+
+
+# --- the agent process -------------------------------------------------------------------------------------------
+
+
+class AgentError(Exception):
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Stopped(Exception):
+    """A stop signal (INT, TERM, HUP, QUIT) arrived while no worker ran."""
+
+    def __init__(self, signo: int) -> None:
+        super().__init__(signal.Signals(signo).name)
+        self.signo = signo
+
+
+class RdzvAgent:
+    """The launcher's handle on its rendezvous agent (rdzv_agent.py): requests and answers, one JSON line each."""
+
+    def __init__(self, pid: int, sock: socket.socket, console: Console) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.console = console
+        self.buf = b""
+        self.pending: str | None = None  # a request whose answer has not been read yet
+        self.gone = False
+
+    @classmethod
+    def start(cls, params: dict[str, Any], env: dict[str, str], console: Console) -> RdzvAgent:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(env)
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TCPStore's connection retries are expected here
+        try:
+            pid = spawn([sys.executable, "-m", "ddpboot.launch.rdzv_agent", json.dumps(params)], env,
+                        theirs.fileno(), 2)
+        finally:
+            theirs.close()
+        return cls(pid, mine, console)
+
+    def send(self, cmd: str, **fields: Any) -> None:
+        try:
+            self.sock.sendall(json.dumps({"cmd": cmd, **fields}).encode() + b"\n")
+        except OSError as exc:
+            self.gone = True
+            raise AgentError(f"the rendezvous agent (pid {self.pid}) is gone ({exc})", "agent") from None
+        self.pending = cmd
+
+    def _line(self) -> dict[str, Any] | None:
+        if b"\n" not in self.buf:
+            return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def _fill(self) -> None:
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.gone = True
+            raise AgentError(f"the rendezvous agent (pid {self.pid}) exited; its errors are above", "agent")
+        self.buf += data
+
+    def reply(self, cmd: str, timeout: float | None, sigfd: SignalFd | None = None) -> dict[str, Any] | None:
+        """The answer to `cmd` (older answers are dropped), None after `timeout` s; Stopped on a stop signal."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.sock, selectors.EVENT_READ, "agent")
+            if sigfd is not None:
+                sel.register(sigfd, selectors.EVENT_READ, "signals")
+            while True:
+                msg = self._line()
+                while msg is not None:
+                    if msg.get("re") == cmd:
+                        self.pending = None
+                        if "error" in msg:
+                            raise AgentError(str(msg["error"]), str(msg.get("kind", "other")))
+                        return msg
+                    msg = self._line()
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                events = sel.select(left)
+                if not events and deadline is not None and time.monotonic() >= deadline:
+                    return None
+                for key, _ in events:
+                    if key.data == "agent":
+                        self._fill()
+                    elif sigfd is not None:
+                        _check_signals(sigfd, self.console)
+
+    def request(self, cmd: str, sigfd: SignalFd | None, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+        self.send(cmd, **fields)  # an unanswered "waiting" of the last round is dropped when its answer comes
+        msg = self.reply(cmd, timeout, sigfd)
+        if msg is None:
+            raise AgentError(f"the rendezvous agent did not answer {cmd!r} within {timeout:g} s", "agent")
+        return msg
+
+    def quit(self) -> None:
+        """Stop the agent (without closing the rendezvous) and reap it."""
+        with contextlib.suppress(OSError):
+            self.sock.sendall(b'{"cmd": "quit"}\n')
+        self.sock.close()
+        deadline = time.monotonic() + AGENT_EXIT_WAIT
+        while True:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return  # reaped already (the supervisor reaps every child)
+            if pid:
+                return
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(self.pid, 0)
+                return
+            time.sleep(0.02)
+
+
+def _check_signals(sigfd: SignalFd, console: Console) -> None:
+    for info in sigfd.read():
+        if info.signo in STOPS:
+            raise Stopped(info.signo)
+        console.message(f"ddpboot: received {signal.Signals(info.signo).name} between rounds: no worker runs now, "
+                        "nothing to forward it to")
+
+
+@contextlib.contextmanager
+def _signals(signals: tuple[signal.Signals, ...]) -> Iterator[SignalFd]:
+    """The handled signals, read from a signalfd while no Supervisor runs (it opens its own)."""
+    fd = SignalFd(signals)
+    try:
+        yield fd
+    finally:
+        fd.close()
+
+
+# --- rounds ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int | None  # torch's round counter (the same on every node), None if unknown
+    group_rank: int
+    nnodes: int
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    nodes: tuple[tuple[int, str], ...]  # (ranks, host) per group rank
+
+    @classmethod
+    def from_json(cls, msg: dict[str, Any]) -> Round:
+        return cls(
+            number=None if msg.get("round") is None else int(msg["round"]),
+            group_rank=int(msg["group_rank"]),
+            nnodes=int(msg["nnodes"]),
+            rank_offset=int(msg["rank_offset"]),
+            world_size=int(msg["world_size"]),
+            master_addr=str(msg["master_addr"]),
+            master_port=int(msg["master_port"]),
+            nodes=tuple((int(n), str(h)) for n, h in msg["nodes"]),
+        )
+
+
+def round_plan(plan: Plan, rnd: Round) -> Plan:
+    """The node's reserved plan with this round's global ranks, world size, node rank and node count."""
+    ranks = tuple(replace(s, rank=rnd.rank_offset + s.local_rank) for s in plan.ranks)
+    cluster = {**plan.cluster, "round": rnd.number, "node_rank": rnd.group_rank, "nnodes": rnd.nnodes,
+               "master_addr": rnd.master_addr, "master_port": rnd.master_port}
+    return replace(plan, ranks=ranks, world_size=rnd.world_size, nnodes=rnd.nnodes, node_rank=rnd.group_rank,
+                   cluster=cluster)
+
+
+class _RoundSupervisor(Supervisor):
+    """One round's Supervisor. It never restarts by itself (max_restarts=0: a restart needs a new round), but its
+    attempt continues the job's numbering: TORCHELASTIC_RESTART_COUNT, the attempt_N log directory and the failure
+    summary count the job's failure restarts, and TORCHELASTIC_MAX_RESTARTS is the job's --max-restarts."""
+
+    def __init__(self, *args: Any, restart_count: int, job_max_restarts: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.restart_count = restart_count
+        self.job_max_restarts = job_max_restarts
+
+    @contextlib.contextmanager
+    def _as_job(self) -> Iterator[None]:
+        own = self.spec
+        self.spec = replace(own, max_restarts=self.job_max_restarts)
+        try:
+            yield
+        finally:
+            self.spec = own
+
+    def _attempt(self, attempt: int) -> AttemptResult:
+        with self._as_job():
+            return super()._attempt(self.restart_count + attempt)
+
+    def _summarize(self, result: AttemptResult, attempt: int) -> None:
+        with self._as_job():
+            super()._summarize(result, self.restart_count + attempt)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def run_elastic(
+    spec: LaunchSpec,
+    plan: Plan,
+    env: dict[str, str],
+    nodes: NodeSetup,
+    *,
+    locks: GpuLocks | None = None,
+    rdzv_id: str | None = None,
+    rdzv_backend: str = "c10d",
+    rdzv_conf: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    log_dir: str | None = None,
+    run_dir: Callable[[Path, str], Path] | None = None,
+    supervisor_kwargs: dict[str, Any] | None = None,
+    console: Console | None = None,
+) -> int:
+    """Run this node's part of an elastic job until it succeeds, fails for good or is stopped; the exit code."""
+    try:
+        return _Driver(spec, plan, env, nodes, rdzv_id, rdzv_backend, rdzv_conf or {}, max_restarts, log_dir,
+                       run_dir, supervisor_kwargs or {}, console or Console()).run()
+    finally:
+        if locks is not None:
+            locks.release()
+
+
+class _Driver:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        plan: Plan,
+        env: dict[str, str],
+        nodes: NodeSetup,
+        rdzv_id: str | None,
+        rdzv_backend: str,
+        conf: dict[str, str],
+        max_restarts: int,
+        log_dir: str | None,
+        run_dir: Callable[[Path, str], Path] | None,
+        supervisor_kwargs: dict[str, Any],
+        console: Console,
+    ) -> None:
+        if nodes.source != "elastic" or nodes.rdzv_endpoint is None:
+            raise UsageError("an elastic job needs --nnodes MIN:MAX with --rdzv-endpoint HOST:PORT.")
+        if rdzv_backend.strip().lower() != "c10d":
+            raise UsageError(f"--rdzv-backend {rdzv_backend}: elastic ranges (--nnodes MIN:MAX) need c10d.")
+        self.spec, self.plan, self.env, self.nodes = spec, plan, env, nodes
+        self.endpoint = nodes.rdzv_endpoint
+        self.run_id = rdzv_id if rdzv_id and rdzv_id != "none" else default_run_id(self.endpoint)
+        self.conf = conf
+        self.max_restarts = max_restarts
+        self.log_dir = log_dir
+        self.run_dir = run_dir
+        self.supervisor_kwargs = supervisor_kwargs
+        self.console = supervisor_kwargs.get("console") or console
+        self.store_addr = nodes.master_addr
+        self.agent: RdzvAgent | None = None
+        self.watch_broken = False
+        self.base: Path | None = None
+
+    def say(self, text: str) -> None:
+        self.console.message(f"ddpboot: {text}")
+
+    def logs(self) -> Path | None:
+        """DIR/RUN_ID (made unique), created when the first round starts."""
+        if self.log_dir and self.base is None:
+            make = self.run_dir or _unique_dir
+            self.base = make(Path(self.log_dir), self.run_id)
+            self.say(f"logs in {self.base}")
+        return self.base
+
+    def run(self) -> int:
+        params = {"endpoint": self.endpoint, "run_id": self.run_id, "min_nodes": self.nodes.min_nodes,
+                  "max_nodes": self.nodes.max_nodes, "local_addr": self.store_addr, "conf": self.conf}
+        self.agent = RdzvAgent.start(params, self.env, self.console)
+        try:
+            return self._rounds()
+        except Stopped as stop:
+            self.say(f"{stop} while waiting for the rendezvous: stopping")
+            return 128 + stop.signo
+        finally:
+            self.agent.quit()
+
+    def _rounds(self) -> int:
+        agent = self.agent
+        assert agent is not None
+        with _signals(self.spec.signals) as sigfd:
+            try:
+                agent.reply("start", None, sigfd)
+            except AgentError as exc:
+                if exc.kind == "agent":
+                    self.say(f"error: {exc}. Nothing was started.")
+                    return 1
+                what = "rejected the rendezvous options" if exc.kind == "usage" else "could not reach"
+                self.say(f"error: torch's c10d rendezvous {what} (--rdzv-endpoint {self.endpoint}, --rdzv-conf "
+                         f"{','.join(f'{k}={v}' for k, v in self.conf.items()) or '-'}): {exc}. Nothing was started.")
+                return 2
+        restarts = 0
+        failed: int | None = None  # the last failure's exit code, while restarting after it
+        rounds = 0
+        nlocal = len(self.plan.ranks)
+        while True:
+            listener = bind_store_socket(self.store_addr, None)
+            try:
+                with _signals(self.spec.signals) as sigfd:
+                    self.say(f"joining the rendezvous at {self.endpoint} (run id {self.run_id}, "
+                             f"{self.nodes.min_nodes}-{self.nodes.max_nodes} nodes, {_plural(nlocal, 'rank')} here)")
+                    rnd = Round.from_json(agent.request(
+                        "next", sigfd, nproc=nlocal, host=socket.gethostname(), addr=self.store_addr,
+                        port=int(listener.getsockname()[1]),
+                    ))
+            except AgentError as exc:
+                listener.close()
+                return self._no_round(exc, rounds, failed)
+            except BaseException:
+                listener.close()
+                raise
+            if rnd.group_rank != 0:
+                listener.close()  # group rank 0 serves the store; ours would be a private one nobody uses
+                listener = bind_store_socket("127.0.0.1", None)
+            rounds += 1
+            first, last = rnd.rank_offset, rnd.rank_offset + nlocal - 1
+            where = ", ".join(f"{h} ({n})" for n, h in rnd.nodes)
+            self.say(f"rendezvous round {rnd.number if rnd.number is not None else rounds}: node {rnd.group_rank} of "
+                     f"{rnd.nnodes} [{where}], ranks {first}-{last} of world size {rnd.world_size}, store at "
+                     f"{rnd.master_addr}:{rnd.master_port}")
+            code, result = self._run_round(rnd, listener, restarts, rounds)
+            if result is not None and result.restart_reason is not None:
+                continue  # a membership change: not a failure, not counted
+            if code == 0:
+                return self._finish()
+            if result is not None and result.stop_signal is not None:
+                return code
+            if restarts < self.max_restarts:
+                restarts += 1
+                failed = code
+                self.say(f"the local workers failed (exit code {code}); re-joining the rendezvous, restart "
+                         f"{restarts} of {self.max_restarts} (TORCHELASTIC_RESTART_COUNT={restarts})")
+                continue
+            if self.max_restarts:
+                self.say(f"no restart left (--max-restarts {self.max_restarts}); closing the rendezvous")
+            self._close()
+            return code
+
+    def _run_round(
+        self, rnd: Round, listener: socket.socket, restarts: int, count: int
+    ) -> tuple[int, AttemptResult | None]:
+        spec = replace(self.spec, run_id=self.run_id, master_addr=rnd.master_addr, master_port=rnd.master_port,
+                       bind_addr=self.store_addr if rnd.group_rank == 0 else "127.0.0.1", max_restarts=0)
+        plan = round_plan(self.plan, rnd)
+        try:
+            base = self.logs()
+            if base is not None:
+                workdir, temporary = base / f"round_{rnd.number if rnd.number is not None else count}", False
+                workdir.mkdir(parents=True, exist_ok=True)
+            else:
+                workdir, temporary = Path(tempfile.mkdtemp(prefix="ddpboot-")), True
+        except BaseException:
+            listener.close()
+            raise
+        kwargs = dict(self.supervisor_kwargs)
+        kwargs.setdefault("console", self.console)
+        self.watch_broken = False
+        sup = _RoundSupervisor(
+            replace(spec, log_dir=None if temporary else workdir), plan, listener, self.env, workdir, temporary,
+            watch=self._watch, watch_interval=WATCH_INTERVAL, restart_count=restarts,
+            job_max_restarts=self.max_restarts, **kwargs,
+        )
+        code = sup.run()
+        return code, sup.result
+
+    def _watch(self) -> str | None:
+        """Called by the Supervisor while workers run: a reason to stop them when a node waits to join."""
+        agent = self.agent
+        if agent is None or self.watch_broken:
+            return None
+        try:
+            if agent.pending != "waiting":
+                agent.send("waiting")
+                wait = WATCH_REPLY_WAIT
+            else:
+                wait = 0.0  # still unanswered from last time: look, do not wait again
+            msg = agent.reply("waiting", wait)
+        except AgentError as exc:
+            if agent.gone:
+                return f"the rendezvous agent exited ({exc})"
+            self.watch_broken = True
+            self.say(f"note: cannot ask the rendezvous for waiting nodes any more ({exc}); the workers keep running")
+            return None
+        if msg is None:
+            return None
+        waiting = int(msg.get("waiting", 0))
+        if waiting > 0:
+            return (f"{_plural(waiting, 'node')} waiting to join the rendezvous (a membership change: not counted "
+                    "against --max-restarts)")
+        return None
+
+    def _finish(self) -> int:
+        agent = self.agent
+        assert agent is not None
+        with _signals(self.spec.signals) as sigfd:
+            try:
+                agent.request("finish", sigfd, timeout=EXIT_BARRIER + 60, barrier_timeout=EXIT_BARRIER)
+            except AgentError as exc:
+                self.say(f"note: the workers here succeeded, but the exit barrier with the other nodes failed: {exc}")
+            except Stopped as stop:
+                return 128 + stop.signo
+        return 0
+
+    def _close(self) -> None:
+        agent = self.agent
+        assert agent is not None
+        with contextlib.suppress(AgentError, Stopped), _signals(self.spec.signals) as sigfd:
+            agent.request("close", sigfd, timeout=60.0)
+
+    def _no_round(self, exc: AgentError, rounds: int, failed: int | None) -> int:
+        """The rendezvous gave no round: the job ended elsewhere, or not enough nodes came."""
+        if exc.kind == "graceful":
+            self.say(f"the job ran on {self.nodes.max_nodes} nodes (--nnodes MAX) without this one and has ended; "
+                     "nothing to do here")
+            return 0
+        if exc.kind == "closed":
+            self.say(f"the rendezvous {self.run_id} at {self.endpoint} is closed: the job has ended on the other "
+                     f"nodes{'' if rounds else ', before this node took part'}")
+        elif exc.kind == "connect":
+            self.say(f"error: lost the rendezvous store at {self.endpoint}: the launcher hosting it (on that machine) "
+                     f"has stopped, because the job ended or failed there ({exc})")
+        elif exc.kind == "timeout":
+            self.say(f"error: fewer than {self.nodes.min_nodes} nodes joined the rendezvous at {self.endpoint} in "
+                     f"time ({exc}). Start the other nodes with the same --nnodes, --rdzv-endpoint and --rdzv-id, or "
+                     "raise --rdzv-conf join_timeout=SECONDS.")
+        else:
+            self.say(f"error: the rendezvous at {self.endpoint} failed: {exc}")
+        if failed is not None:
+            return failed
+        return 2 if rounds == 0 and exc.kind == "timeout" else 1  # too few nodes came: nothing was started
+
+
+def _unique_dir(base: Path, run_id: str) -> Path:
+    for n in range(10000):
+        path = base / (run_id if n == 0 else f"{run_id}.{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")
