@@ -97,6 +97,22 @@ def test_unmodified_torchrun_script(isolation: str) -> None:
     assert "rank 0 done" in out.stdout and "rank 1 done" in out.stdout
 
 
+def test_fast_start_trains_the_same_as_exec() -> None:
+    """An NCCL DDP job and the unmodified torchrun-style example under --fast-start: the ranks, forked from one
+    process that imported torch (CUDA untouched there), train to the same parameters as exec'd ranks."""
+    need(2)
+    plain = run("--nproc", "2", "examples/train.py", "--steps", "200")
+    fast = run("--nproc", "2", "--fast-start", "examples/train.py", "--steps", "200")
+    assert "nccl" in fast.stdout and "final loss" in fast.stdout
+    assert len(checksums(fast.stdout)) == 1 and checksums(fast.stdout) == checksums(plain.stdout)
+    out = run("--nproc", "2", "--fast-start", "examples/torchrun_style.py", "--epochs", "2")
+    assert "rank 0 done" in out.stdout and "rank 1 done" in out.stdout
+    with memory_watch([0]) as gained:
+        out = run("--nproc", "1", "--exclude", "0", "--fast-start", "examples/train.py", "--steps", "100")
+    assert "final loss" in out.stdout
+    assert gained[0] == 0, f"GPU 0 gained {gained[0]} bytes while the fast-started job ran on GPU 1"
+
+
 @pytest.mark.parametrize("isolation", ["rank", "node"])
 def test_each_rank_sees_the_planned_gpu_in_the_given_order(isolation: str) -> None:
     need(2)
