@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -96,6 +97,7 @@ class Run:
     guardian_peak_rss: int
     launcher_cpu_s: float | None
     guardian_cpu_s: float
+    job_cpu_s: float = 0.0  # user+sys of the launcher and every process of the job (all reaped within it)
     output: str = ""
     pair: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
@@ -112,6 +114,7 @@ def run_watched(contender: str, cmd: Sequence[str], env: dict[str, str], timeout
     RSS (bench_launch.PeakWatch: VmHWM polled every 5 ms, and the guardian's), its CPU time (user+sys, read from the
     exited process before it is reaped, so it is exact and excludes the workers) and the guardian's. Output (both
     streams) is kept for parsing."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.Popen(list(cmd), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -138,8 +141,10 @@ def run_watched(contender: str, cmd: Sequence[str], env: dict[str, str], timeout
     reader.join(timeout=10)
     peak.join()
     gcpu.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    job_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = b"".join(chunks).decode(errors="replace")
-    run = Run(contender, list(cmd), wall, proc.returncode, peak.launcher, peak.guardian, lcpu, gcpu.cpu, out)
+    run = Run(contender, list(cmd), wall, proc.returncode, peak.launcher, peak.guardian, lcpu, gcpu.cpu, job_cpu, out)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{contender}: {' '.join(cmd)} exited {proc.returncode}:\n{out[-3000:]}")
     return run

@@ -49,6 +49,9 @@ def run_launch(b: Bench, backend: str) -> CaseResult:
     if two:
         contenders = {"ddpboot 2 ranks": lambda: [*ddpboot(2, *cpu_flag), *job],
                       "torchrun 2 ranks": lambda: [*torchrun(2), *job], **contenders}
+    top_n = 2 if two else 1
+    contenders[f"ddpboot --fast-start {top_n} rank{'s' if two else ''}"] = (
+        lambda: [*ddpboot(top_n, *cpu_flag, "--fast-start"), *job])
 
     def env_for(name: str) -> dict[str, str]:
         if name == "bare worker":
@@ -77,12 +80,24 @@ def run_launch(b: Bench, backend: str) -> CaseResult:
                      sec(statistics.median(wall(d)) - bare), sec(statistics.median(wall(t)) - bare),
                      ratio([x - bare for x in wall(d)], [x - bare for x in wall(t)])])
     top = "2 ranks" if two else "1 rank"
+    fast = f"ddpboot --fast-start {top}"
+    rows.insert(0, [f"{top}, {backend} init + all_reduce, launch → exit, **--fast-start**", stats(wall(fast), sec),
+                    stats(wall(f"torchrun {top}"), sec), ratio(wall(fast), wall(f"torchrun {top}"))])
     dr, tr = runs[f"ddpboot {top}"], runs[f"torchrun {top}"]
     rows.append([f"{top}: launcher peak RSS", f"{stats([r.launcher_peak_rss for r in dr], mib)} + guardian "
                  f"{stats([r.guardian_peak_rss for r in dr], mib)}", stats([r.launcher_peak_rss for r in tr], mib),
                  ratio([r.launcher_peak_rss + r.guardian_peak_rss for r in dr], [r.launcher_peak_rss for r in tr])])
     rows.append([f"{top}: launcher CPU time (user+sys; ddpboot: launcher + guardian)", stats(_cpu(dr), sec),
                  stats(_cpu(tr), sec), ratio(_cpu(dr), _cpu(tr))])
+
+    def job_cpu(n: str) -> list[float]:
+        return [r.job_cpu_s for r in runs[n]]
+
+    d_cpu, t_cpu = job_cpu(f"ddpboot {top}"), job_cpu(f"torchrun {top}")
+    rows.append([f"{top}: CPU seconds per job (launcher and every process it started)", stats(d_cpu, sec),
+                 stats(t_cpu, sec), ratio(d_cpu, t_cpu)])
+    rows.append([f"{top}: CPU seconds per job, **--fast-start**", stats(job_cpu(fast), sec),
+                 stats(job_cpu(f"torchrun {top}"), sec), ratio(job_cpu(fast), job_cpu(f"torchrun {top}"))])
     notes = [f"bare worker (floor): {stats(wall('bare worker'), sec)}; {b.pairs} alternating rounds of "
              f"{len(contenders)} contenders after one warm-up run each."]
     if not two:
