@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 NPROC ?= 2
 
-.PHONY: venv demo test test-unit test-gpu lint typecheck check bench clean
+.PHONY: venv demo test test-unit test-gpu lint typecheck check bench bench-slurm clean
 
 $(VENV)/.ddpboot-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ check: lint typecheck test
 
 bench: venv
 	$(PY) benchmarks/run.py
+
+# The 2-node SLURM job, sbatch → exit, ddpboot vs torchrun (starts the local test cluster as root if none is up).
+bench-slurm: venv
+	$(PY) benchmarks/bench_slurm.py --append benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
