@@ -43,14 +43,17 @@ of the saving process); `ddpboot.load` defaults `map_location` to this rank's de
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -367,7 +370,7 @@ def init(
         requested = normalize_backend(backend) if backend is not None else None
         _context = _start(requested, _as_timedelta(timeout), strict)
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         return _context
 
@@ -617,6 +620,21 @@ def _export_contract(
         }
     )
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # no agent hosts a store here: worker rank 0 does
+
+
+EXITING_SUFFIX = ".exiting"  # next to TORCHELASTIC_ERROR_FILE; the launcher reads it (supervisor.py)
+
+
+def _shutdown_at_exit() -> None:
+    """shutdown() at interpreter exit, announced first. Destroying the process group while another rank still waits
+    in a collective makes that rank fail at once, often before this process has finished exiting; the mark (written
+    before anything is torn down) tells ddpboot's launcher that this rank was leaving first, so that it waits for
+    this rank's own exit code instead of blaming the rank that merely lost its peer."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and os.environ.get("DDPBOOT_LOCAL_RANK") is not None:
+        with contextlib.suppress(OSError):
+            Path(error_file + EXITING_SUFFIX).write_text(f"{time.time():.6f}\n")
+    shutdown()
 
 
 def shutdown() -> None:

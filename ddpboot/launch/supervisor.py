@@ -43,6 +43,10 @@ from ddpboot.plan import Plan, RankSlot
 SUMMARY_LINES = 20
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
 LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own once every rank has exited
+# A rank fails while another rank had already begun to exit (ddpboot.init's at-exit mark): how long the exiting rank
+# gets to finish before the failed one is taken as the root cause after all.
+EXITING_GRACE = 5.0
+EXITING_SUFFIX = ".exiting"  # the worker API writes TORCHELASTIC_ERROR_FILE + this at exit (worker.py)
 
 
 def exit_code_of(status: int) -> int:
@@ -321,6 +325,8 @@ class Supervisor:
 
         leaders_done_at: float | None = None
         report_at: float | None = None  # when to say which processes survive SIGKILL
+        # (the rank that failed, ranks that were already exiting when it did, until when to wait for them)
+        pending: tuple[Worker, list[Worker], float] | None = None
         watch_at = self.clock() + self.watch_interval if self.watch is not None else None
         while True:
             now = self.clock()
@@ -355,6 +361,8 @@ class Supervisor:
                 timeout = min(timeout if timeout is not None else 1e9, self.spec.monitor_interval)
             if watch_at is not None:
                 timeout = max(min(watch_at - now, timeout if timeout is not None else 1e9), 0.0)
+            if pending is not None:
+                timeout = max(min(pending[2] - now, timeout if timeout is not None else 1e9), 0.0)
             if self.zygote is not None and self.zygote.exits:
                 timeout = 0.0  # exits read while a rank was being started
             for key, _ in self.sel.select(timeout):
@@ -378,9 +386,26 @@ class Supervisor:
                     if self.zygote.gone:
                         self.sel.unregister(self.zygote.sock)
             for w in self._reap():
-                if w.code != 0 and result.root is None and not stopping:
+                if w.code != 0 and result.root is None and not stopping and pending is None:
+                    exiting = self._exiting(w)
+                    if exiting:
+                        # Probably a consequence: a rank that was already leaving tore down the process group under
+                        # it. Wait for that rank's own exit before naming the root cause (nobody is signalled yet).
+                        pending = (w, exiting, self.clock() + min(EXITING_GRACE, self.spec.shutdown_timeout))
+                        continue
                     result.root = w
                     stop(signal.SIGTERM, f"SIGTERM (rank {w.slot.rank} failed)")
+            if pending is not None and result.root is None and not stopping:
+                first, exiting, until = pending
+                failed = [e for e in exiting if e.status is not None and e.code != 0]
+                if failed or all(e.status is not None for e in exiting) or self.clock() >= until:
+                    pending = None
+                    # The earliest to begin exiting is the root cause (`first` keeps it when no mark says otherwise).
+                    root = min([first, *failed], key=self._exit_mark)
+                    result.root = root
+                    stop(signal.SIGTERM, f"SIGTERM (rank {root.slot.rank} failed)")
+            elif pending is not None:
+                pending = None
             self._check_groups()
             if watch_at is not None and self.watch is not None and self.clock() >= watch_at:
                 watch_at = None if stopping else self.clock() + self.watch_interval
@@ -480,6 +505,20 @@ class Supervisor:
                 w.ended = self.clock()
                 done.append(w)
         return done
+
+    @staticmethod
+    def _exit_mark(w: Worker) -> float:
+        """When the worker began to exit (its at-exit mark), or +inf without one."""
+        try:
+            return float(Path(str(w.error_file) + EXITING_SUFFIX).read_text())
+        except (OSError, ValueError):
+            return float("inf")
+
+    def _exiting(self, failed: Worker) -> list[Worker]:
+        """Workers that had begun to exit when `failed` was seen to fail: still running, or reaped in the same
+        batch with a failure of their own."""
+        return [w for w in self.workers
+                if w is not failed and (w.status is None or w.code != 0) and self._exit_mark(w) != float("inf")]
 
     def _check_groups(self) -> None:
         for w in self.workers:

@@ -14,6 +14,7 @@ torch) must behave the same. Real launches, gloo on CPU, simulated GPUs for CUDA
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -152,6 +153,7 @@ def test_accelerate_and_lightning_clients(client: str, tmp_path: Path) -> None:
 
 SUPERVISION: list[Callable[..., None]] = [
     launcher.test_fail_fast_returns_the_failing_ranks_code,
+    functools.partial(launcher.test_the_root_cause_is_the_rank_that_began_to_exit_first, "exit", 3),
     launcher.test_sibling_ignoring_sigterm_is_killed_after_the_shutdown_timeout,
     launcher.test_second_sigint_kills_at_once,
     launcher.test_forwarding_is_idempotent,
@@ -173,7 +175,8 @@ def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("fast_env")
-@pytest.mark.parametrize("test", SUPERVISION, ids=[t.__name__.removeprefix("test_") for t in SUPERVISION])
+@pytest.mark.parametrize("test", SUPERVISION, ids=[getattr(t, "func", t).__name__.removeprefix("test_")
+                                                   for t in SUPERVISION])
 def test_supervision_under_fast_start(test: Callable[[Path], None], tmp_path: Path) -> None:
     test(tmp_path)
 

@@ -220,6 +220,20 @@ def test_fail_fast_returns_the_failing_ranks_code(tmp_path: Path) -> None:
         assert gone(r["pid"]) and gone(r["child"])
 
 
+@pytest.mark.parametrize(("how", "code"), [("exit", 3), ("raise", 1)])
+def test_the_root_cause_is_the_rank_that_began_to_exit_first(how: str, code: int, tmp_path: Path) -> None:
+    """Rank 1 fails; its exit tears down the process group and rank 0, waiting in a collective, dies of that and
+    reaches the launcher first. ddpboot.init's at-exit mark lets the launcher name rank 1 and return its code."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--cpu", str(SCRIPTS / "launch_root_cause.py"), how], launch_env(out))
+    assert proc.returncode == code, proc.stderr
+    assert f"rank 1 failed: exit code {code}" in proc.stderr, proc.stderr
+    assert "other ranks: rank 0: exit code 1" in proc.stderr, proc.stderr  # it did exit first, on its own
+    if how == "raise":
+        assert "ValueError: rank 1 is the root cause" in proc.stderr
+
+
 def test_sibling_ignoring_sigterm_is_killed_after_the_shutdown_timeout(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
