@@ -631,10 +631,25 @@ def _shutdown_at_exit() -> None:
     before anything is torn down) tells ddpboot's launcher that this rank was leaving first, so that it waits for
     this rank's own exit code instead of blaming the rank that merely lost its peer."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file and os.environ.get("DDPBOOT_LOCAL_RANK") is not None:
+    if error_file and os.environ.get("DDPBOOT_LOCAL_RANK") is not None and not _failed_collective():
         with contextlib.suppress(OSError):
             Path(error_file + EXITING_SUFFIX).write_text(f"{time.time():.6f}\n")
     shutdown()
+
+
+_PEER_GONE = ("/gloo/", "Connection closed by peer", "Connection reset by peer", "NCCL")
+
+
+def _failed_collective() -> bool:
+    """Whether the interpreter is exiting because a collective failed (a peer went away): such a rank is not
+    leaving of its own accord, so it writes no at-exit mark; the rank whose leaving broke the collective is the root
+    cause (it exited first, or marked itself before tearing the group down)."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # set for an uncaught exception
+    if exc is None:
+        return False
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in _PEER_GONE)
 
 
 def shutdown() -> None:

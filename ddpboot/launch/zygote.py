@@ -170,6 +170,10 @@ def _run_target(req: dict[str, Any]) -> None:
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
         exc.__traceback__ = tb
+        # What python does for an uncaught exception before printing it (atexit handlers may look at them).
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
         with contextlib.suppress(Exception):
             sys.excepthook(type(exc), exc, tb)
         _finish(1, interrupted=isinstance(exc, KeyboardInterrupt))

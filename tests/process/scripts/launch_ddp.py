@@ -44,6 +44,7 @@ def main() -> None:
         "all_reduce": t.item(),
         "env": dict(os.environ),
     }))
+    dist.barrier()  # both ranks done with the group before either tears it down
     dist.destroy_process_group()
 
 

@@ -1,4 +1,5 @@
-"""Rank 1 fails (`exit`: sys.exit(3); `raise`: an uncaught exception) while rank 0 waits in a collective, and, by an
+"""Rank 1 fails (`exit`: sys.exit(3); `raise`: an uncaught exception; `crash`: os._exit(7), no teardown at all)
+while rank 0 waits in a collective, and (but for `crash`), by an
 atexit handler that runs after ddpboot's own (which destroys the process group), stays alive until rank 0 has died
 of the broken collective: rank 0's exit always reaches the launcher first. The launcher must still name rank 1 as
 the root cause and exit with its code."""
@@ -40,6 +41,8 @@ if __name__ == "__main__":
     t = torch.ones(1)
     dist.all_reduce(t)  # both ranks are up
     if rank == 1:
+        if sys.argv[1] == "crash":  # no teardown and no mark: gone at once
+            os._exit(7)
         if sys.argv[1] == "exit":
             sys.exit(3)
         raise ValueError("rank 1 is the root cause")
