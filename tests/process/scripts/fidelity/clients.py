@@ -28,6 +28,12 @@ def with_lightning() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    import torch.distributed as dist
+
     report = with_accelerate() if sys.argv[1] == "accelerate" else with_lightning()
     with open(os.path.join(os.environ["FID_OUT"], f"{sys.argv[1]}{os.environ['RANK']}.json"), "w") as f:
         json.dump(report, f)
+    # Neither library tears the group down by itself; a gloo group left to the interpreter's exit sometimes aborts
+    # there (torch 2.13 CPU: "terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
