@@ -11,6 +11,7 @@ module, a port in use, an impossible plan all exit 2 with one message, and no pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -40,6 +42,7 @@ from ddpboot.cluster.nodes import NodeSetup, check_resolvable, cluster_info
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
 from ddpboot.launch.faststart import Zygote, supports
+from ddpboot.launch.logs import run_dir
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     Std,
@@ -53,7 +56,7 @@ from ddpboot.launch.options import (
     parse_std,
     resolve_std,
 )
-from ddpboot.launch.preflight import bind_store_socket, check_target, is_loopback
+from ddpboot.launch.preflight import bind_store_socket, check_target, is_loopback, is_module_name
 from ddpboot.launch.spec import LaunchSpec, Routing, Target, TargetKind
 from ddpboot.locks import GpuLocks
 from ddpboot.plan import Plan
@@ -422,15 +425,10 @@ def _run(
     if nodes.source == "elastic":  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
         from ddpboot.launch.elastic import run_elastic
 
-        elastic_zygote = _start_zygote(python, target, cwd, env, plan, preloads) if fast_start else None
-        try:
+        with _fast_start(fast_start, python, target, cwd, env, plan, preloads) as zygote:
             code = run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend,
                                rdzv_conf=parse_rdzv_conf(rdzv_conf), max_restarts=max_restarts, log_dir=log_dir,
-                               run_dir=_run_dir,
-                               supervisor_kwargs={"zygote": elastic_zygote} if elastic_zygote else None)
-        finally:
-            if elastic_zygote is not None:
-                elastic_zygote.close()
+                               supervisor_kwargs={"zygote": zygote})
         raise typer.Exit(code)
 
     # Node 0 (or a one-node job) serves the store; on other nodes the guardian's store socket is a private loopback
@@ -439,7 +437,7 @@ def _run(
     listener = _bind(nodes, bind_addr, port) if nodes.node_rank == 0 else bind_store_socket("127.0.0.1", None)
     try:
         if log_dir:
-            workdir, temporary = _run_dir(Path(log_dir), run_id), False
+            workdir, temporary = run_dir(Path(log_dir), run_id), False
             print(f"ddpboot: logs in {workdir}", file=sys.stderr, flush=True)
         else:
             workdir, temporary = Path(tempfile.mkdtemp(prefix="ddpboot-")), True
@@ -459,16 +457,12 @@ def _run(
                         timeout=join_timeout,
                         progress=lambda msg: print(f"ddpboot: {msg}", file=sys.stderr, flush=True))
 
-    zygote = None
     try:
-        if fast_start:
-            zygote = _start_zygote(python, target, cwd, env, plan, preloads)
-        sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir,
-                         temporary, before_start=before_start, zygote=zygote)
-        code = sup.run()
+        with _fast_start(fast_start, python, target, cwd, env, plan, preloads) as zygote:
+            sup = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir,
+                             temporary, before_start=before_start, zygote=zygote)
+            code = sup.run()
     finally:
-        if zygote is not None:
-            zygote.close()
         if locks is not None:
             locks.release()
     raise typer.Exit(code)
@@ -521,22 +515,31 @@ def _preloads(text: str, fast_start: bool) -> list[str]:
     if names and not fast_start:
         raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
                          "--preload.")
-    bad = [m for m in names if not all(part.isidentifier() for part in m.split("."))]
+    bad = [m for m in names if not is_module_name(m)]
     if bad:
         raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
                          "comma-separated: --preload numpy,transformers).")
     return names
 
 
-def _start_zygote(python: str, target: Target, cwd: Path, env: dict[str, str], plan: Plan,
-                  preloads: list[str]) -> Zygote:
-    """The fast-start process, importing while the launcher finishes starting. It imports torch with the ranks'
-    OMP_NUM_THREADS when they share one value (libgomp and OpenBLAS read it once, at import)."""
+@contextlib.contextmanager
+def _fast_start(wanted: bool, python: str, target: Target, cwd: Path, env: dict[str, str], plan: Plan,
+                preloads: list[str]) -> Iterator[Zygote | None]:
+    """With --fast-start, the fast-start process (importing while the launcher finishes starting), let go at the
+    end; else None. It imports torch with the ranks' OMP_NUM_THREADS when they share one value (libgomp and
+    OpenBLAS read it once, at import)."""
+    if not wanted:
+        yield None
+        return
     zenv = dict(env)
     threads = {env.get("OMP_NUM_THREADS") or str(max(s.omp_threads, 1)) for s in plan.ranks}
     if len(threads) == 1:
         zenv["OMP_NUM_THREADS"] = threads.pop()
-    return Zygote.start(python, target, cwd, zenv, preloads)
+    zygote = Zygote.start(python, target, cwd, zenv, preloads)
+    try:
+        yield zygote
+    finally:
+        zygote.close()
 
 
 def _bind(nodes: NodeSetup, addr: str, port: int | None) -> socket.socket:
@@ -717,24 +720,6 @@ def _new_run_id(nodes: NodeSetup | None = None, env: dict[str, str] | None = Non
             return f"slurm-{job}.{step}"
         return f"nodes-{nodes.master_addr}-{nodes.master_port}"
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
-
-
-def _run_dir(base: Path, run_id: str) -> Path:
-    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten."""
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        for n in range(10000):
-            path = base / (run_id if n == 0 else f"{run_id}.{n}")
-            try:
-                path.mkdir()
-                return path
-            except FileExistsError:
-                continue
-    except OSError as exc:
-        raise UsageError(
-            f"--log-dir {base}: cannot create it ({exc.strerror}); give a directory you can write."
-        ) from None
-    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")
 
 
 def _print_dry_run(plan: Plan, spec: LaunchSpec, env: dict[str, str]) -> None:

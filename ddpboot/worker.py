@@ -53,7 +53,6 @@ from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -73,6 +72,7 @@ from ddpboot.errors import (
     WorkerEnvError,
     WorkerSetupError,
 )
+from ddpboot.launch.env import exit_mark
 from ddpboot.visible import parse_visible_devices
 
 __all__ = [
@@ -622,9 +622,6 @@ def _export_contract(
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # no agent hosts a store here: worker rank 0 does
 
 
-EXITING_SUFFIX = ".exiting"  # next to TORCHELASTIC_ERROR_FILE; the launcher reads it (supervisor.py)
-
-
 def _shutdown_at_exit() -> None:
     """shutdown() at interpreter exit, announced first. Destroying the process group while another rank still waits
     in a collective makes that rank fail at once, often before this process has finished exiting; the mark (written
@@ -633,7 +630,7 @@ def _shutdown_at_exit() -> None:
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file and os.environ.get("DDPBOOT_LOCAL_RANK") is not None and not _failed_collective():
         with contextlib.suppress(OSError):
-            Path(error_file + EXITING_SUFFIX).write_text(f"{time.time():.6f}\n")
+            exit_mark(error_file).write_text(f"{time.time():.6f}\n")
     shutdown()
 
 

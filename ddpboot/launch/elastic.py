@@ -37,14 +37,14 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ddpboot.cluster.nodes import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
 from ddpboot.errors import UsageError
-from ddpboot.launch.logs import Console
+from ddpboot.launch.logs import Console, run_dir
 from ddpboot.launch.options import parse_endpoint
 from ddpboot.launch.preflight import bind_store_socket, is_loopback
 from ddpboot.launch.signals import SignalFd
@@ -330,34 +330,6 @@ def round_plan(plan: Plan, rnd: Round) -> Plan:
                    cluster=cluster)
 
 
-class _RoundSupervisor(Supervisor):
-    """One round's Supervisor. It never restarts by itself (max_restarts=0: a restart needs a new round), but its
-    attempt continues the job's numbering: TORCHELASTIC_RESTART_COUNT, the attempt_N log directory and the failure
-    summary count the job's failure restarts, and TORCHELASTIC_MAX_RESTARTS is the job's --max-restarts."""
-
-    def __init__(self, *args: Any, restart_count: int, job_max_restarts: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.restart_count = restart_count
-        self.job_max_restarts = job_max_restarts
-
-    @contextlib.contextmanager
-    def _as_job(self) -> Iterator[None]:
-        own = self.spec
-        self.spec = replace(own, max_restarts=self.job_max_restarts)
-        try:
-            yield
-        finally:
-            self.spec = own
-
-    def _attempt(self, attempt: int) -> AttemptResult:
-        with self._as_job():
-            return super()._attempt(self.restart_count + attempt)
-
-    def _summarize(self, result: AttemptResult, attempt: int) -> None:
-        with self._as_job():
-            super()._summarize(result, self.restart_count + attempt)
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
@@ -374,14 +346,13 @@ def run_elastic(
     rdzv_conf: dict[str, str] | None = None,
     max_restarts: int = 0,
     log_dir: str | None = None,
-    run_dir: Callable[[Path, str], Path] | None = None,
     supervisor_kwargs: dict[str, Any] | None = None,
     console: Console | None = None,
 ) -> int:
     """Run this node's part of an elastic job until it succeeds, fails for good or is stopped; the exit code."""
     try:
         return _Driver(spec, plan, env, nodes, rdzv_id, rdzv_backend, rdzv_conf or {}, max_restarts, log_dir,
-                       run_dir, supervisor_kwargs or {}, console or Console()).run()
+                       supervisor_kwargs or {}, console or Console()).run()
     finally:
         if locks is not None:
             locks.release()
@@ -399,7 +370,6 @@ class _Driver:
         conf: dict[str, str],
         max_restarts: int,
         log_dir: str | None,
-        run_dir: Callable[[Path, str], Path] | None,
         supervisor_kwargs: dict[str, Any],
         console: Console,
     ) -> None:
@@ -413,7 +383,6 @@ class _Driver:
         self.conf = conf
         self.max_restarts = max_restarts
         self.log_dir = log_dir
-        self.run_dir = run_dir
         self.supervisor_kwargs = supervisor_kwargs
         self.console = supervisor_kwargs.get("console") or console
         self.store_addr = nodes.master_addr
@@ -427,8 +396,7 @@ class _Driver:
     def logs(self) -> Path | None:
         """DIR/RUN_ID (made unique), created when the first round starts."""
         if self.log_dir and self.base is None:
-            make = self.run_dir or _unique_dir
-            self.base = make(Path(self.log_dir), self.run_id)
+            self.base = run_dir(Path(self.log_dir), self.run_id)
             self.say(f"logs in {self.base}")
         return self.base
 
@@ -509,7 +477,8 @@ class _Driver:
         self, rnd: Round, listener: socket.socket, restarts: int, count: int
     ) -> tuple[int, AttemptResult | None]:
         spec = replace(self.spec, run_id=self.run_id, master_addr=rnd.master_addr, master_port=rnd.master_port,
-                       bind_addr=self.store_addr if rnd.group_rank == 0 else "127.0.0.1", max_restarts=0)
+                       bind_addr=self.store_addr if rnd.group_rank == 0 else "127.0.0.1",
+                       max_restarts=self.max_restarts)
         plan = round_plan(self.plan, rnd)
         try:
             base = self.logs()
@@ -524,10 +493,11 @@ class _Driver:
         kwargs = dict(self.supervisor_kwargs)
         kwargs.setdefault("console", self.console)
         self.watch_broken = False
-        sup = _RoundSupervisor(
+        # One attempt, numbered as the job's failure restarts so far: a restart needs a new round, so the round
+        # never restarts by itself, but TORCHELASTIC_RESTART_COUNT, attempt_N and the summary count the job's.
+        sup = Supervisor(
             replace(spec, log_dir=None if temporary else workdir), plan, listener, self.env, workdir, temporary,
-            watch=self._watch, watch_interval=WATCH_INTERVAL, restart_count=restarts,
-            job_max_restarts=self.max_restarts, **kwargs,
+            watch=self._watch, watch_interval=WATCH_INTERVAL, attempts=range(restarts, restarts + 1), **kwargs,
         )
         code = sup.run()
         return code, sup.result
@@ -598,13 +568,3 @@ class _Driver:
             return failed
         return 2 if rounds == 0 and exc.kind == "timeout" else 1  # too few nodes came: nothing was started
 
-
-def _unique_dir(base: Path, run_id: str) -> Path:
-    for n in range(10000):
-        path = base / (run_id if n == 0 else f"{run_id}.{n}")
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from ddpboot.errors import UsageError
 from ddpboot.launch.options import Std
 
 MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
@@ -203,3 +204,21 @@ def read_error_file(path: str | Path) -> str | None:
         if isinstance(message, str):
             return message
     return None
+
+
+def run_dir(base: Path, run_id: str) -> Path:
+    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        for n in range(10000):
+            path = base / (run_id if n == 0 else f"{run_id}.{n}")
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise UsageError(
+            f"--log-dir {base}: cannot create it ({exc.strerror}); give a directory you can write."
+        ) from None
+    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")

@@ -59,13 +59,18 @@ def _search_path(python: str, env: Mapping[str, str], cwd: Path) -> list[str]:
     return [str(cwd), *extra, *sys.path[1:]]
 
 
+def is_module_name(name: str) -> bool:
+    """Dotted identifiers (mypkg.train), as `python -m` and `import` take them."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
 def _check_module(name: str, python: str, env: Mapping[str, str], cwd: Path) -> None:
     if name.endswith(".py") or os.sep in name:
         stem = name.removesuffix(".py").replace(os.sep, ".").strip(".")
         raise UsageError(
             f"-m {name}: that is a file name, not a module name. Drop -m to run the script, or write -m {stem}."
         )
-    if not all(part.isidentifier() for part in name.split(".")):
+    if not is_module_name(name):
         raise UsageError(f"-m {name!r} is not a module name (dotted identifiers, e.g. -m mypkg.train).")
     if os.path.realpath(python) != os.path.realpath(sys.executable):
         return  # another interpreter (PYTHON_EXEC): only it knows its modules; it will say so itself

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
+from ddpboot.launch.env import EnvContext, exit_mark, worker_argv, worker_env, worker_vars
 from ddpboot.launch.faststart import FastStartError, Zygote
 from ddpboot.launch.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
@@ -46,7 +46,6 @@ LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own o
 # A rank fails while another rank had already begun to exit (ddpboot.init's at-exit mark): how long the exiting rank
 # gets to finish before the failed one is taken as the root cause after all.
 EXITING_GRACE = 5.0
-EXITING_SUFFIX = ".exiting"  # the worker API writes TORCHELASTIC_ERROR_FILE + this at exit (worker.py)
 
 
 def exit_code_of(status: int) -> int:
@@ -116,6 +115,7 @@ class Supervisor:
         watch: Callable[[], str | None] | None = None,
         watch_interval: float = 1.0,
         zygote: Zygote | None = None,
+        attempts: range | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -136,7 +136,9 @@ class Supervisor:
         self.result: AttemptResult | None = None  # the last attempt's
         # Fast start: ranks are forked by the zygote (faststart.py), which reports their exits; None: fork+exec.
         self.zygote = zygote
-        self.zygote_exits: dict[int, int] = {}
+        # The attempt numbers this supervisor runs (TORCHELASTIC_RESTART_COUNT, attempt_N, the summary's count):
+        # 0..--max-restarts by default; an elastic round runs the one attempt its job has reached.
+        self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
         self.policy = ForwardPolicy(frozenset(int(s) for s in spec.signals))
         self.guardian: Guardian | None = None
         self.sigfd: SignalFd | None = None
@@ -165,8 +167,8 @@ class Supervisor:
                 self._await_zygote()
             if self.before_start is not None:
                 self.before_start()
-            for attempt in range(self.spec.max_restarts + 1):
-                if attempt:
+            for attempt in self.attempts:
+                if attempt != self.attempts.start:
                     try:
                         self.guardian.reset()
                     except GuardianError as exc:
@@ -181,7 +183,7 @@ class Supervisor:
                     self._summarize(result, attempt)
                 if result.code == 0 or result.stop_signal is not None or self.guardian_died is not None:
                     break
-                if attempt < self.spec.max_restarts:
+                if attempt + 1 in self.attempts:
                     what = "?"
                     if result.root is not None and result.root.status is not None:
                         what = f"rank {result.root.slot.rank}: {describe_status(result.root.status)}"
@@ -381,10 +383,8 @@ class Supervisor:
                             kill_at = self.clock()
                 elif key.data == "pipe":
                     self._pump(key.fd, pipes)
-                elif key.data == "zygote" and self.zygote is not None:
-                    self.zygote_exits.update(self.zygote.poll())
-                    if self.zygote.gone:
-                        self.sel.unregister(self.zygote.sock)
+                elif key.data == "zygote":
+                    pass  # its exit reports are read by _reap, below
             for w in self._reap():
                 if w.code != 0 and result.root is None and not stopping and pending is None:
                     exiting = self._exiting(w)
@@ -495,22 +495,23 @@ class Supervisor:
                 self.zygote.gone = True
                 self.console.message(f"ddpboot: error: the fast-start process (pid {pid}) died: "
                                      f"{describe_status(status)}; its ranks are killed with it")
-        if self.zygote is not None:
-            self.zygote_exits.update(self.zygote.poll())
-        for pid, status in list(self.zygote_exits.items()):  # ranks forked by the zygote, reaped by it
-            w = by_pid.get(pid)
-            if w is not None:
-                del self.zygote_exits[pid]
-                w.status = status
-                w.ended = self.clock()
-                done.append(w)
+        if self.zygote is not None:  # ranks forked by the zygote: it reaps them and reports their statuses
+            for pid, status in self.zygote.poll():
+                w = by_pid.get(pid)
+                if w is not None:
+                    w.status = status
+                    w.ended = self.clock()
+                    done.append(w)
+            if self.zygote.gone:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(self.zygote.sock)
         return done
 
     @staticmethod
     def _exit_mark(w: Worker) -> float:
         """When the worker began to exit (its at-exit mark), or +inf without one."""
         try:
-            return float(Path(str(w.error_file) + EXITING_SUFFIX).read_text())
+            return float(exit_mark(str(w.error_file)).read_text())
         except (OSError, ValueError):
             return float("inf")
 
