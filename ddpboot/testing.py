@@ -52,7 +52,7 @@ def ddp_ctx() -> None:
 
 def _gpu_count() -> int:
     """GPUs of the machine through NVML, without CUDA (the pytest process must stay CUDA-free)."""
-    from ddpboot.gpus import load_inventory
+    from ddpboot.selection.inventory import load_inventory
 
     return len(load_inventory().units())
 

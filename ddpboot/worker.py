@@ -73,7 +73,7 @@ from ddpboot.errors import (
     WorkerSetupError,
 )
 from ddpboot.launch.env import exit_mark
-from ddpboot.visible import parse_visible_devices
+from ddpboot.selection.visible import parse_visible_devices
 
 __all__ = [
     "Context",

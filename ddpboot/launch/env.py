@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.launch.spec import Target
-from ddpboot.plan import Plan, RankSlot
+from ddpboot.selection.planner import Plan, RankSlot
 
 # Runs the script the way torchrun's --run-path does: runpy.run_path in a fresh interpreter, as __main__.
 RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"

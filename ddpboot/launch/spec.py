@@ -1,6 +1,6 @@
 """What to launch: the entry point, how output is routed, and how the job is supervised. Plain data.
 
-The CLI (cli_run.py) builds a LaunchSpec from options; the supervisor turns it and the Plan into processes.
+The CLI (cli/run.py) builds a LaunchSpec from options; the supervisor turns it and the Plan into processes.
 """
 
 from __future__ import annotations

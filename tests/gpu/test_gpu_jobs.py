@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.affinity import format_cpu_list, parse_cpu_list
+from ddpboot.selection.affinity import format_cpu_list, parse_cpu_list
 from tests.conftest import REPO, clean_env, run_ddpboot
 
 pytestmark = pytest.mark.gpu

@@ -205,7 +205,7 @@ def test_the_rendezvous_agent_dies_with_its_launcher(tmp_path: Path) -> None:
     try:
         def agent() -> int | None:
             for child in psutil.Process(launcher.pid).children():
-                if "ddpboot.launch.rdzv_agent" in " ".join(child.cmdline()):
+                if "ddpboot.launch.elastic.agent" in " ".join(child.cmdline()):
                     return child.pid
             return None
 

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ddpboot.gpus import fake_uuid
+from ddpboot.selection.inventory import fake_uuid
 from tests.conftest import clean_env, ddpboot_exe
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

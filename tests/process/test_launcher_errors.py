@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.gpus import fake_uuid
+from ddpboot.selection.inventory import fake_uuid
 from tests.process.test_launcher import BEHAVE, launch_env, reports, run_launcher
 
 

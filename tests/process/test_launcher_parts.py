@@ -18,8 +18,8 @@ import pytest
 
 from ddpboot.launch.logs import Console, LogFile, RankStream
 from ddpboot.launch.options import Std
-from ddpboot.launch.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo
-from ddpboot.launch.store import StoreServer
+from ddpboot.launch.procs.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo
+from ddpboot.tcpstore.server import StoreServer
 
 # --- the store ---------------------------------------------------------------------------------------
 
@@ -160,7 +160,7 @@ def test_torch_clients_get_what_torchs_own_server_gives(tmp_path: Path) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    server = subprocess.Popen([sys.executable, "-m", "ddpboot.launch.store", str(listener.fileno())],
+    server = subprocess.Popen([sys.executable, "-m", "ddpboot.tcpstore.server", str(listener.fileno())],
                               pass_fds=[listener.fileno()])
     try:
         proc = subprocess.run([sys.executable, "-c", TORCH_CLIENT, str(listener.getsockname()[1])],

@@ -69,7 +69,7 @@ def test_a_hanging_rank_fails_its_check_within_the_timeout(tmp_path: Path) -> No
     SCHEMA.validate(str(junit))
     assert "<failure" in junit.read_text()
     left = [
-        p.pid for p in psutil.process_iter(["cmdline"]) if "ddpboot.smoke_rank" in " ".join(p.info["cmdline"] or [])
+        p.pid for p in psutil.process_iter(["cmdline"]) if "ddpboot.smoke.rank" in " ".join(p.info["cmdline"] or [])
     ]
     assert not left, f"ranks still running after the smoke run ended: {left}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpboot.gpus import load_inventory
+from ddpboot.selection.inventory import load_inventory
 
 pytest_plugins = ["pytester"]
 

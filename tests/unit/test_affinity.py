@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.affinity import assign_cores, explicit_cores, format_cpu_list, parse_cpu_list, split_fairly
 from ddpboot.errors import UsageError
-from ddpboot.gpus import GPU, Inventory
-from ddpboot.plan import Request, make_plan
+from ddpboot.selection.affinity import assign_cores, explicit_cores, format_cpu_list, parse_cpu_list, split_fairly
+from ddpboot.selection.inventory import GPU, Inventory
+from ddpboot.selection.planner import Request, make_plan
 
 
 def two_socket_machine() -> Inventory:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ddpboot.errors import InventoryError
-from ddpboot.gpus import fake_inventory, fake_uuid, load_inventory, nvml_inventory
+from ddpboot.selection.inventory import fake_inventory, fake_uuid, load_inventory, nvml_inventory
 
 
 def test_count_gives_idle_80gib_gpus_with_stable_distinct_uuids() -> None:

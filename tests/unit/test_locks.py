@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import PlanError, UsageError
-from ddpboot.gpus import fake_inventory
-from ddpboot.locks import (
+from ddpboot.selection.inventory import fake_inventory
+from ddpboot.selection.locks import (
     GpusLockedError,
     Holder,
     LockDirError,
@@ -20,8 +20,8 @@ from ddpboot.locks import (
     current_holders,
     prepare_lock_dir,
 )
-from ddpboot.plan import Request, make_plan
-from ddpboot.reserve import parse_wait, reserve
+from ddpboot.selection.planner import Request, make_plan
+from ddpboot.selection.reserve import parse_wait, reserve
 
 INV = fake_inventory("4")
 U = [g.uuid for g in INV.gpus]
@@ -60,7 +60,7 @@ def test_lock_fds_are_not_inherited(lockdir: Path) -> None:
 HOLD = """
 import sys
 from pathlib import Path
-from ddpboot.locks import acquire
+from ddpboot.selection.locks import acquire
 locks = acquire(sys.argv[2:], Path(sys.argv[1]))
 print("holding", flush=True)
 sys.stdin.read()

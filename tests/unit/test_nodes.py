@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpboot.cluster.nodes import (
+from ddpboot.errors import UsageError
+from ddpboot.nodes.static import (
     check_resolvable,
     cluster_info,
     elastic_setup,
@@ -12,7 +13,6 @@ from ddpboot.cluster.nodes import (
     parse_node_range,
     resolve_nodes,
 )
-from ddpboot.errors import UsageError
 
 SRUN = {  # what srun gives a launcher on the second of two nodes with --ntasks-per-node=1
     "SLURM_JOB_ID": "4242",

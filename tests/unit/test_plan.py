@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.errors import DdpbootError, PlanError, UsageError
-from ddpboot.gpus import GPU, Inventory, fake_inventory
-from ddpboot.plan import Plan, Request, make_plan, parse_gpu_list
+from ddpboot.selection.inventory import GPU, Inventory, fake_inventory
+from ddpboot.selection.planner import Plan, Request, make_plan, parse_gpu_list
 
 GIB = 1024**3
 NONE = Inventory((), "none", ("no NVIDIA driver found",))

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from ddpboot.launch.store import serve_forever
-from ddpboot.launch.store_client import StoreClient, StoreGone, StoreTimeout
+from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
+from ddpboot.tcpstore.server import serve_forever
 
 
 def _listener() -> socket.socket:
@@ -115,13 +115,13 @@ def test_speaks_to_torchs_own_server() -> None:
     del store
 
 
-# --- the nodes' check-in (ddpboot.launch.nodes_check) -----------------------------------------------
+# --- the nodes' check-in (ddpboot.nodes.check) -----------------------------------------------
 
 
 def _check_all(port: int, sizes: list[int], ranks: list[int] | None = None, timeout: float = 30) -> list[str]:
     """Run check_nodes for every node in threads; each node's outcome: "ok" or its error message."""
     from ddpboot.errors import UsageError
-    from ddpboot.launch.nodes_check import check_nodes
+    from ddpboot.nodes.check import check_nodes
 
     ranks = ranks if ranks is not None else list(range(len(sizes)))
     out = [""] * len(sizes)
@@ -153,7 +153,7 @@ def test_mismatched_rank_counts_are_reported_on_every_node(server: int) -> None:
 
 def test_a_node_that_never_comes_is_reported_by_the_deadline(server: int) -> None:
     from ddpboot.errors import UsageError
-    from ddpboot.launch.nodes_check import check_nodes
+    from ddpboot.nodes.check import check_nodes
 
     with pytest.raises(UsageError, match=r"node 1 of 2 did not join .* within 0.3 s"):
         check_nodes("127.0.0.1", server, 2, 0, 2, timeout=0.3)

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.errors import VisibilityError
-from ddpboot.gpus import GPU, Inventory, fake_inventory
-from ddpboot.visible import parse_visible_devices, resolve_visible
+from ddpboot.selection.inventory import GPU, Inventory, fake_inventory
+from ddpboot.selection.visible import parse_visible_devices, resolve_visible
 
 
 def labels(vis: object) -> list[str]:

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.cli_run import _routing
+from ddpboot.cli.run import _routing
 from ddpboot.errors import UsageError
-from ddpboot.gpus import fake_inventory
 from ddpboot.launch.env import RUN_PATH_CODE, EnvContext, substitute_local_rank, worker_argv, worker_vars
 from ddpboot.launch.options import (
     Std,
@@ -23,7 +22,8 @@ from ddpboot.launch.options import (
     resolve_std,
 )
 from ddpboot.launch.spec import Target
-from ddpboot.plan import Plan, Request, make_plan
+from ddpboot.selection.inventory import fake_inventory
+from ddpboot.selection.planner import Plan, Request, make_plan
 
 CONTRACT = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",

@@ -17,14 +17,14 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from ddpboot.affinity import format_cpu_list
-from ddpboot.cluster.nodes import NodeSetup, cluster_info, parse_nnodes, resolve_nodes
 from ddpboot.errors import DdpbootError, UsageError
-from ddpboot.gpus import GPU, Inventory, load_inventory
-from ddpboot.locks import current_holders, lock_dir
-from ddpboot.plan import DEFAULT_MAX_UTIL, Plan, Request, busy_reasons, make_plan, resolve_list
+from ddpboot.nodes.static import NodeSetup, cluster_info, parse_nnodes, resolve_nodes
+from ddpboot.selection.affinity import format_cpu_list
+from ddpboot.selection.inventory import GPU, Inventory, load_inventory
+from ddpboot.selection.locks import current_holders, lock_dir
+from ddpboot.selection.planner import DEFAULT_MAX_UTIL, Plan, Request, busy_reasons, make_plan, resolve_list
+from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import format_size, parse_size
-from ddpboot.visible import resolve_visible
 
 TOOLS = ("plan", "gpus", "smoke")
 
@@ -340,7 +340,7 @@ def plan_for(
     master_port: int | None = None,
 ) -> Plan:
     """The plan this node would run now, from options and the environment (inventory, CUDA_VISIBLE_DEVICES,
-    GPUs other ddpboot jobs hold, SLURM's node list). The launcher plans through `ddpboot.reserve`, which also
+    GPUs other ddpboot jobs hold, SLURM's node list). The launcher plans through `ddpboot.selection.reserve`, which also
     takes the locks."""
     env = os.environ if env is None else env
     nodes = nodes or node_setup(sel, env, master_addr, master_port)
@@ -590,6 +590,6 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in TOOLS:
         tools(args, prog_name="ddpboot")
     else:
-        from ddpboot.cli_run import run_app
+        from ddpboot.cli.run import run_app
 
         run_app(args, prog_name="ddpboot")

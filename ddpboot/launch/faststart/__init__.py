@@ -21,7 +21,7 @@ from typing import Any
 
 from ddpboot.errors import DdpbootError
 from ddpboot.launch.env import substitute_local_rank
-from ddpboot.launch.spawn import spawn
+from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import Target
 
 ZYGOTE = Path(__file__).with_name("zygote.py")

@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Sequence
 
-from ddpboot.launch.store import (
+from ddpboot.tcpstore.server import (
     ADD,
     CANCEL_WAIT,
     CHECK,

@@ -32,13 +32,13 @@ from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, exit_mark, worker_argv, worker_env, worker_vars
 from ddpboot.launch.faststart import FastStartError, Zygote
-from ddpboot.launch.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
 from ddpboot.launch.options import Std
-from ddpboot.launch.signals import ForwardPolicy, SignalFd, SignalInfo, sender_name
-from ddpboot.launch.spawn import become_subreaper, spawn
+from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
+from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd, SignalInfo, sender_name
+from ddpboot.launch.procs.spawn import become_subreaper, spawn
 from ddpboot.launch.spec import LaunchSpec
-from ddpboot.plan import Plan, RankSlot
+from ddpboot.selection.planner import Plan, RankSlot
 
 SUMMARY_LINES = 20
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on

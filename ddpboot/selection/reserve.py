@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpboot.errors import PlanError, UsageError
-from ddpboot.gpus import Inventory
-from ddpboot.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
-from ddpboot.plan import Plan
+from ddpboot.selection.inventory import Inventory
+from ddpboot.selection.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
+from ddpboot.selection.planner import Plan
 
 PlanWith = Callable[[Inventory, Mapping[str, str]], Plan]
 

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.store_client import StoreClient, StoreGone, StoreTimeout
+from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
 
 PREFIX = "ddpboot/nodes"
 DEFAULT_JOIN_TIMEOUT = 600.0  # torchrun's rendezvous join_timeout default, and its --rdzv-conf key

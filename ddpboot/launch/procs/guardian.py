@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.launch.spec import StoreBackend
-from ddpboot.launch.store import StoreServer
+from ddpboot.tcpstore.server import StoreServer
 
 PR_SET_NAME = 15
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)

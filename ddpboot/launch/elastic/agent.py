@@ -2,7 +2,7 @@
 
 Why a process of its own: torch's DynamicRendezvousHandler imports torch and runs a keep-alive thread, and the
 launcher must do neither (it forks workers, which is only safe without threads, and it never imports torch). The
-launcher starts this module with `python -m ddpboot.launch.rdzv_agent PARAMS_JSON` through spawn() (its own session,
+launcher starts this module with `python -m ddpboot.launch.elastic.agent PARAMS_JSON` through spawn() (its own session,
 SIGKILL when the launcher dies), with one end of a socketpair as its stdout; everything else goes to stderr.
 
 The protocol: one JSON object per line. The agent first says `{"re": "start", "ready": true}` (or an error) once

@@ -1,7 +1,7 @@
 """The machine's GPUs: read through NVML, or simulated with DDPBOOT_FAKE_GPUS.
 
 Nothing here imports torch or initialises CUDA: NVML lists every GPU of the machine whatever
-CUDA_VISIBLE_DEVICES says (which GPUs this process may use is visible.py's business).
+CUDA_VISIBLE_DEVICES says (which GPUs this process may use is selection/visible.py's business).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The checks `ddpboot smoke` runs inside every rank (`python -m ddpboot.smoke_rank`).
+"""The checks `ddpboot smoke` runs inside every rank (`python -m ddpboot.smoke.rank`).
 
 Each rank appends one JSON line per event to `$DDPBOOT_SMOKE_DIR/rank<R>.jsonl`: `{"check", "status": "start"}`
 before a check and `{"check", "status": "pass"|"fail"|"skip", "detail", "figures", "seconds"}` after it, flushed at

@@ -38,7 +38,6 @@ from ddpboot.cli import (
     render_plan,
     with_selection,
 )
-from ddpboot.cluster.nodes import NodeSetup, check_resolvable, cluster_info
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
 from ddpboot.launch.faststart import Zygote, supports
@@ -58,8 +57,9 @@ from ddpboot.launch.options import (
 )
 from ddpboot.launch.preflight import bind_store_socket, check_target, is_loopback, is_module_name
 from ddpboot.launch.spec import LaunchSpec, Routing, Target, TargetKind
-from ddpboot.locks import GpuLocks
-from ddpboot.plan import Plan
+from ddpboot.nodes.static import NodeSetup, check_resolvable, cluster_info
+from ddpboot.selection.locks import GpuLocks
+from ddpboot.selection.planner import Plan
 
 MULTI_NODE_LATER = (
     "for several nodes give --nnodes N with --node-rank and --master-addr (a fixed node count, or srun under SLURM), "
@@ -448,7 +448,7 @@ def _run(
 
     before_start = None
     if multi:
-        from ddpboot.launch.nodes_check import check_nodes
+        from ddpboot.nodes.check import check_nodes
 
         assert nodes.master_port is not None
 
@@ -481,10 +481,10 @@ def _nodes(
     max_restarts: int,
 ) -> NodeSetup:
     """Node count, node rank and store address: flags > SLURM step (one ddpboot per node) > one node
-    (cluster/nodes.py). For several nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in
+    (nodes/static.py). For several nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in
     torchrun, and the master address must resolve now: a name that does not would make every worker hang. An elastic
     range (MIN:MAX) goes to torch's c10d rendezvous (launch/elastic.py), which decides the node rank at each round."""
-    from ddpboot.cluster.nodes import parse_node_range
+    from ddpboot.nodes.static import parse_node_range
 
     low, high = parse_node_range(sel.nnodes)
     if low != high:
@@ -558,7 +558,7 @@ def _bind(nodes: NodeSetup, addr: str, port: int | None) -> socket.socket:
 
 def _join_timeout(conf: dict[str, str]) -> float:
     """How long nodes wait for each other before starting workers (torchrun's --rdzv-conf join_timeout)."""
-    from ddpboot.launch.nodes_check import DEFAULT_JOIN_TIMEOUT
+    from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
 
     text = conf.get("join_timeout")
     if text is None:
@@ -650,10 +650,10 @@ def _routing(
 
 
 def _reserve(sel: Selection, env: dict[str, str], wait_for_gpus: str | None) -> tuple[Plan, GpuLocks | None]:
-    from ddpboot.gpus import load_inventory
-    from ddpboot.locks import lock_dir
-    from ddpboot.plan import make_plan
-    from ddpboot.reserve import parse_wait, reserve
+    from ddpboot.selection.inventory import load_inventory
+    from ddpboot.selection.locks import lock_dir
+    from ddpboot.selection.planner import make_plan
+    from ddpboot.selection.reserve import parse_wait, reserve
 
     wait = parse_wait(wait_for_gpus)
     req = build_request(sel)
@@ -736,7 +736,7 @@ def _print_dry_run(plan: Plan, spec: LaunchSpec, env: dict[str, str]) -> None:
             own["MASTER_PORT"] = "<port bound at launch>"
         print(f"\nrank {slot.rank} (local rank {slot.local_rank}): {shlex.join(argv)}")
         if slot.cpus:
-            from ddpboot.affinity import format_cpu_list
+            from ddpboot.selection.affinity import format_cpu_list
 
             print(f"  cpu affinity: {format_cpu_list(slot.cpus)}")
         for key, value in own.items():

@@ -42,17 +42,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddpboot.cluster.nodes import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
 from ddpboot.errors import UsageError
 from ddpboot.launch.logs import Console, run_dir
 from ddpboot.launch.options import parse_endpoint
 from ddpboot.launch.preflight import bind_store_socket, is_loopback
-from ddpboot.launch.signals import SignalFd
-from ddpboot.launch.spawn import spawn
+from ddpboot.launch.procs.signals import SignalFd
+from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
-from ddpboot.locks import GpuLocks
-from ddpboot.plan import Plan
+from ddpboot.nodes.static import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
+from ddpboot.selection.locks import GpuLocks
+from ddpboot.selection.planner import Plan
 
 WATCH_INTERVAL = 0.5  # seconds between "nodes waiting?" while workers run (torch caches its state for 1 s)
 WATCH_REPLY_WAIT = 1.0  # how long the supervisor's loop waits for that answer before carrying on without it
@@ -189,7 +189,7 @@ class RdzvAgent:
         env = dict(env)
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # TCPStore's connection retries are expected here
         try:
-            pid = spawn([sys.executable, "-m", "ddpboot.launch.rdzv_agent", json.dumps(params)], env,
+            pid = spawn([sys.executable, "-m", "ddpboot.launch.elastic.agent", json.dumps(params)], env,
                         theirs.fileno(), 2)
         finally:
             theirs.close()

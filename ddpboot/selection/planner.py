@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpboot.affinity import assign_cores, explicit_cores
 from ddpboot.errors import PlanError, UsageError
-from ddpboot.gpus import GPU, Inventory
+from ddpboot.selection.affinity import assign_cores, explicit_cores
+from ddpboot.selection.inventory import GPU, Inventory
+from ddpboot.selection.visible import Visible, match_uuid, resolve_visible
 from ddpboot.units import format_size
-from ddpboot.visible import Visible, match_uuid, resolve_visible
 
 MIB = 1024**2
 DEFAULT_MAX_USED_MEMORY = 256 * MIB

@@ -1,7 +1,7 @@
 """`ddpboot smoke`: is this machine, with these GPUs, ready for DDP? A verdict per check and rank.
 
 The driver plans exactly as a job would (the same selection options), runs the planned ranks through the
-launcher with the checks of `ddpboot.smoke_rank`, watches the GPUs outside the plan through NVML while they run,
+launcher with the checks of `ddpboot.smoke.rank`, watches the GPUs outside the plan through NVML while they run,
 and reports a table (or `--json`, `--junit-xml`). `--timeout` bounds the whole run: a collective that hangs
 becomes a failed check naming the rank that never arrived, not a hung CI job.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.errors import UsageError
-from ddpboot.gpus import load_inventory
-from ddpboot.plan import Plan
+from ddpboot.selection.inventory import load_inventory
+from ddpboot.selection.planner import Plan
 from ddpboot.units import format_size
 
 CHECKS = ("mapping", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "ddp", "bandwidth")
@@ -151,7 +151,7 @@ def run_smoke(
             "NCCL_DEBUG_FILE": str(out / "nccl.%h.%p.log"),
         }
         cmd = [sys.executable, "-m", "ddpboot", *launcher_args(plan), "--shutdown-timeout", "3",
-               *extra_launcher_args, "-m", "ddpboot.smoke_rank"]
+               *extra_launcher_args, "-m", "ddpboot.smoke.rank"]
         start = time.time()
         proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)

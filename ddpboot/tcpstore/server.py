@@ -385,5 +385,5 @@ def serve_forever(listener: socket.socket) -> None:
             server.handle(key, events)
 
 
-if __name__ == "__main__":  # python -m ddpboot.launch.store FD: serve an inherited listening socket
+if __name__ == "__main__":  # python -m ddpboot.tcpstore.server FD: serve an inherited listening socket
     serve_forever(socket.socket(fileno=int(sys.argv[1])))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ddpboot.errors import VisibilityError
-from ddpboot.gpus import GPU, Inventory
+from ddpboot.selection.inventory import GPU, Inventory
 
 _INT = re.compile(r"^\d+$")
 
