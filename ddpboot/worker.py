@@ -62,6 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from ddpboot.contract import ISOLATIONS, exit_mark
 from ddpboot.errors import (
     CudaInitializedEarlyError,
     ModelDeviceError,
@@ -72,7 +73,6 @@ from ddpboot.errors import (
     WorkerEnvError,
     WorkerSetupError,
 )
-from ddpboot.launch.env import exit_mark
 from ddpboot.selection.visible import parse_visible_devices
 
 __all__ = [
@@ -91,7 +91,6 @@ __all__ = [
 ]
 
 LAUNCHERS = ("ddpboot", "torchrun", "slurm", "none")
-ISOLATIONS = ("rank", "node")
 
 
 class DdpbootWarning(UserWarning):

@@ -38,6 +38,7 @@ from ddpboot.cli import (
     render_plan,
     with_selection,
 )
+from ddpboot.contract import STOP_SIGNALS
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
 from ddpboot.launch.faststart import Zygote, supports
@@ -683,7 +684,7 @@ def block_early(signals: tuple[signal.Signals, ...]) -> None:
 
 def _stop_if_signalled() -> None:
     """A stop signal that arrived while planning (blocked since block_early) ends the run before anything starts."""
-    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & signal.sigpending()
+    stops = STOP_SIGNALS & signal.sigpending()
     if stops:
         info = signal.sigtimedwait(stops, 0)
         if info is not None:
@@ -693,9 +694,7 @@ def _stop_if_signalled() -> None:
 
 
 def _sleep_unless_stopped(seconds: float) -> None:
-    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & signal.pthread_sigmask(
-        signal.SIG_BLOCK, []
-    )
+    stops = STOP_SIGNALS & signal.pthread_sigmask(signal.SIG_BLOCK, [])
     if not stops:
         time.sleep(seconds)
         return

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
@@ -70,12 +69,6 @@ def worker_vars(
     if ctx.signals:
         out["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ctx.signals
     return out
-
-
-def exit_mark(error_file: str) -> Path:
-    """Where a rank that called ddpboot.init() notes when it began to exit (worker.py writes it, the supervisor
-    reads it to tell the root cause from a rank that died of its leaving): beside TORCHELASTIC_ERROR_FILE."""
-    return Path(error_file + ".exiting")
 
 
 def worker_env(base: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpboot.contract import ISOLATIONS
 from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.affinity import assign_cores, explicit_cores
 from ddpboot.selection.inventory import GPU, Inventory
@@ -20,7 +21,6 @@ from ddpboot.units import format_size
 MIB = 1024**2
 DEFAULT_MAX_USED_MEMORY = 256 * MIB
 DEFAULT_MAX_UTIL = 5
-ISOLATIONS = ("rank", "node")
 
 _INT = re.compile(r"^\d+$")
 _RANGE = re.compile(r"^(\d+)-(\d+)$")

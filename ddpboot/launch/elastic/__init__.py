@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ddpboot.contract import STOP_SIGNALS
 from ddpboot.errors import UsageError
 from ddpboot.launch.logs import Console, run_dir
 from ddpboot.launch.options import parse_endpoint
@@ -58,7 +59,6 @@ WATCH_INTERVAL = 0.5  # seconds between "nodes waiting?" while workers run (torc
 WATCH_REPLY_WAIT = 1.0  # how long the supervisor's loop waits for that answer before carrying on without it
 EXIT_BARRIER = 300.0  # torchrun's exit_barrier_timeout
 AGENT_EXIT_WAIT = 5.0  # seconds the agent gets to exit after "quit" before SIGKILL
-STOPS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
 
 # --- options (called from cli_run._nodes, before planning) -------------------------------------------------------
@@ -277,7 +277,7 @@ class RdzvAgent:
 
 def _check_signals(sigfd: SignalFd, console: Console) -> None:
     for info in sigfd.read():
-        if info.signo in STOPS:
+        if info.signo in STOP_SIGNALS:
             raise Stopped(info.signo)
         console.message(f"ddpboot: received {signal.Signals(info.signo).name} between rounds: no worker runs now, "
                         "nothing to forward it to")

@@ -34,7 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+from ddpboot.contract import STOP_SIGNALS
+
 DIRECT_SENDERS = frozenset({"slurmstepd"})
 REPEAT_WINDOW = 1.0
 
@@ -133,7 +134,7 @@ class ForwardPolicy:
         label = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         if sig == signal.SIGINT and self.stopping_by == signal.SIGINT:
             return Decision(False, True, True, "second SIGINT: killing every worker now")
-        stop = sig in TERMINATING
+        stop = sig in STOP_SIGNALS
         if stop and self.stopping_by is None:
             self.stopping_by = sig
         if name in DIRECT_SENDERS:

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpboot.launch.env import EnvContext, exit_mark, worker_argv, worker_env, worker_vars
+from ddpboot.contract import exit_mark
+from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.faststart import FastStartError, Zygote
 from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
 from ddpboot.launch.options import Std
