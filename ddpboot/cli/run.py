@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +34,7 @@ from ddpboot.cli import (
     build_request,
     handle_errors,
     node_setup,
+    option_given,
     plan_for,
     render_plan,
     with_selection,
@@ -49,18 +50,18 @@ from ddpboot.launch.options import (
     StdSpec,
     check_ranks,
     parse_duration,
-    parse_endpoint,
     parse_rank_list,
     parse_rdzv_conf,
     parse_signals,
     parse_std,
     resolve_std,
 )
-from ddpboot.launch.preflight import bind_store_socket, check_target, is_loopback, is_module_name
+from ddpboot.launch.preflight import check_target, is_module_name
 from ddpboot.launch.spec import LaunchSpec, Routing, Target, TargetKind
-from ddpboot.nodes.static import NodeSetup, check_resolvable, cluster_info
+from ddpboot.nodes.static import NodeSetup, check_resolvable, cluster_info, parse_endpoint
 from ddpboot.selection.locks import GpuLocks
 from ddpboot.selection.planner import Plan
+from ddpboot.tcpstore.address import bind_store_socket, is_loopback
 
 MULTI_NODE_LATER = (
     "for several nodes give --nnodes N with --node-rank and --master-addr (a fixed node count, or srun under SLURM), "
@@ -489,9 +490,14 @@ def _nodes(
 
     low, high = parse_node_range(sel.nnodes)
     if low != high:
-        from ddpboot.launch.elastic import elastic_nodes
+        from ddpboot.nodes.elastic import elastic_nodes
 
-        return elastic_nodes(sel.nnodes.strip(), low, high, endpoint, standalone)
+        ignored = tuple(f"--{o.replace('_', '-')}" for o in ("node_rank", "master_addr", "master_port")
+                        if option_given(o))
+        return elastic_nodes(sel.nnodes.strip(), low, high, endpoint, standalone=standalone,
+                             rdzv_backend=str(_cli_value("rdzv_backend", "c10d")),
+                             ranks_filter=_cli_value("ranks_filter"), local_addr=_cli_value("local_addr"),
+                             ignored_options=ignored)
     if standalone:
         _one_node(sel, standalone)
         return node_setup(replace(sel, nnodes="1", node_rank=0), {})
@@ -509,6 +515,19 @@ def _nodes(
         )
     check_resolvable(nodes.master_addr, timeout=5.0)
     return nodes
+
+
+def _cli_value(name: str, default: Any = None) -> Any:
+    """The value of the running command's option `name` (parsed already), or `default` outside a command."""
+    try:  # typer ≥ 0.22 vendors click as typer._click; older ones depend on click itself
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - depends on the typer version
+        from click import get_current_context  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+    ctx: Any = get_current_context(silent=True)
+    if ctx is None:
+        return default
+    return ctx.params.get(name, default)
 
 
 def _preloads(text: str, fast_start: bool) -> list[str]:
@@ -709,7 +728,7 @@ def _new_run_id(nodes: NodeSetup | None = None, env: dict[str, str] | None = Non
     """A fresh id for one node. On several nodes every launcher must give its workers the same
     TORCHELASTIC_RUN_ID without talking first: the SLURM job and step ids, else the store's address."""
     if nodes is not None and nodes.source == "elastic" and nodes.rdzv_endpoint:
-        from ddpboot.launch.elastic import default_run_id
+        from ddpboot.nodes.elastic import default_run_id
 
         return default_run_id(nodes.rdzv_endpoint)
     if nodes is not None and nodes.nnodes > 1:

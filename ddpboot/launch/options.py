@@ -133,18 +133,6 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     return out
 
 
-def parse_endpoint(text: str, option: str = "--rdzv-endpoint") -> tuple[str, int | None]:
-    """`host:port`, `host`, `[::1]:port` → (host, port or None)."""
-    t = text.strip()
-    m = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?", t) or re.fullmatch(r"([^:]*)(?::(\d+))?", t)
-    if not m:
-        raise UsageError(f"{option} {text!r} is not HOST:PORT.")
-    port = int(m.group(2)) if m.group(2) else None
-    if port is not None and not 0 <= port < 65536:
-        raise UsageError(f"{option} {text!r}: {port} is not a TCP port.")
-    return m.group(1), port
-
-
 def parse_duration(value: float, option: str, allow_zero: bool = True) -> float:
     if value != value or value < 0 or (value == 0 and not allow_zero):
         need = "zero or more" if allow_zero else "more than zero"

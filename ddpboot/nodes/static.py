@@ -13,6 +13,7 @@ address this node serves the workers' store on when it is group rank 0.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,3 +166,15 @@ def cluster_info(setup: NodeSetup) -> dict[str, object]:
     if setup.notes:
         info["notes"] = list(setup.notes)
     return info
+
+
+def parse_endpoint(text: str, option: str = "--rdzv-endpoint") -> tuple[str, int | None]:
+    """`host:port`, `host`, `[::1]:port` → (host, port or None)."""
+    t = text.strip()
+    m = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?", t) or re.fullmatch(r"([^:]*)(?::(\d+))?", t)
+    if not m:
+        raise UsageError(f"{option} {text!r} is not HOST:PORT.")
+    port = int(m.group(2)) if m.group(2) else None
+    if port is not None and not 0 <= port < 65536:
+        raise UsageError(f"{option} {text!r}: {port} is not a TCP port.")
+    return m.group(1), port

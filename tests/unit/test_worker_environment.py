@@ -14,7 +14,6 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.env import RUN_PATH_CODE, EnvContext, substitute_local_rank, worker_argv, worker_vars
 from ddpboot.launch.options import (
     Std,
-    parse_endpoint,
     parse_rank_list,
     parse_rdzv_conf,
     parse_signals,
@@ -22,6 +21,7 @@ from ddpboot.launch.options import (
     resolve_std,
 )
 from ddpboot.launch.spec import Target
+from ddpboot.nodes.static import parse_endpoint
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, Request, make_plan
 

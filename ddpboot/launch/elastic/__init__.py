@@ -45,114 +45,20 @@ from typing import Any
 from ddpboot.contract import STOP_SIGNALS
 from ddpboot.errors import UsageError
 from ddpboot.launch.logs import Console, run_dir
-from ddpboot.launch.options import parse_endpoint
-from ddpboot.launch.preflight import bind_store_socket, is_loopback
 from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
+from ddpboot.nodes.elastic import default_run_id
 from ddpboot.nodes.static import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
 from ddpboot.selection.locks import GpuLocks
 from ddpboot.selection.planner import Plan
+from ddpboot.tcpstore.address import bind_store_socket
 
 WATCH_INTERVAL = 0.5  # seconds between "nodes waiting?" while workers run (torch caches its state for 1 s)
 WATCH_REPLY_WAIT = 1.0  # how long the supervisor's loop waits for that answer before carrying on without it
 EXIT_BARRIER = 300.0  # torchrun's exit_barrier_timeout
 AGENT_EXIT_WAIT = 5.0  # seconds the agent gets to exit after "quit" before SIGKILL
-
-
-# --- options (called from cli_run._nodes, before planning) -------------------------------------------------------
-
-
-def cli_value(name: str, default: Any = None) -> Any:
-    """The value of the running command's option `name` (parsed already), or `default` outside a command."""
-    try:  # typer ≥ 0.22 vendors click as typer._click; older ones depend on click itself
-        from typer._click.globals import get_current_context
-    except ImportError:  # pragma: no cover - depends on the typer version
-        from click import get_current_context  # type: ignore[no-redef, import-not-found, unused-ignore]
-
-    ctx: Any = get_current_context(silent=True)
-    if ctx is None:
-        return default
-    return ctx.params.get(name, default)
-
-
-def elastic_nodes(text: str, low: int, high: int, endpoint: str, standalone: bool) -> NodeSetup:
-    """Check an elastic range's options (exit 2 on anything wrong, nothing started) and describe the node."""
-    from ddpboot.cli import option_given
-
-    if standalone:
-        raise UsageError(f"--standalone is a one-node job and --nnodes {text} an elastic range; drop one of them.")
-    backend = str(cli_value("rdzv_backend", "c10d")).strip().lower()
-    problems = ([f"--rdzv-backend is {backend}"] if backend != "c10d" else []) + (
-        ["--rdzv-endpoint is missing"] if not endpoint.strip() else [])
-    if problems:
-        raise UsageError(
-            f"--nnodes {text} is an elastic range, which runs through torch's c10d rendezvous: pass --rdzv-backend "
-            "c10d and --rdzv-endpoint HOST:PORT (the same on every node; HOST is the node that hosts the "
-            f"rendezvous). Here {' and '.join(problems)}."
-        )
-    host, port = parse_endpoint(endpoint)
-    if not host:
-        raise UsageError(f"--rdzv-endpoint {endpoint!r} names no host; give HOST:PORT (one of the nodes).")
-    port = port or DEFAULT_RDZV_PORT
-    if cli_value("ranks_filter"):
-        raise UsageError(
-            "--ranks-filter names global ranks, which an elastic job only knows once each rendezvous round has "
-            "formed; use --local-ranks-filter (this node's ranks) instead."
-        )
-    ip = check_resolvable(host, option="--rdzv-endpoint")
-    local = cli_value("local_addr")
-    if local:
-        store_addr = "127.0.0.1" if is_loopback(local) else str(local)
-        try:
-            bind_store_socket(store_addr, None).close()
-        except UsageError:
-            raise UsageError(
-                f"--local-addr {local} is not an address of this machine: it is where this node serves the workers' "
-                "store when it is group rank 0. Give an address of this machine that the other nodes reach."
-            ) from None
-    else:
-        store_addr = default_store_addr(host, ip, port)
-    notes = [
-        f"elastic job: this node joins rounds of {low} to {high} nodes at the c10d rendezvous {host}:{port}; its "
-        "node rank, global ranks, world size and MASTER_ADDR/MASTER_PORT are decided at each round (shown here as "
-        f"node 0 of {high})"
-    ]
-    ignored = [f"--{o.replace('_', '-')}" for o in ("node_rank", "master_addr", "master_port") if option_given(o)]
-    if ignored:
-        notes.append(f"{', '.join(ignored)} not used by an elastic job: the rendezvous numbers the nodes, and group "
-                     "rank 0 serves the workers' store on its --local-addr and a free port")
-    return elastic_setup(low, high, f"{host}:{port}", store_addr, tuple(notes))
-
-
-def default_store_addr(host: str, ip: str, port: int) -> str:
-    """Where this node serves the workers' store as group rank 0, without --local-addr: 127.0.0.1 for a loopback
-    endpoint (every node on this machine); otherwise this machine's address on the route to the endpoint (what the
-    other nodes most likely reach), or its first non-loopback address when the endpoint's name resolves to loopback
-    here (Debian maps the host's own name to 127.0.1.1)."""
-    if is_loopback(host):
-        return "127.0.0.1"
-    addr = ""
-    if not ipaddress.ip_address(ip).is_loopback:
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((ip, port))  # UDP: no packet is sent, the kernel only picks the route
-            addr = str(s.getsockname()[0])
-    if not addr or ipaddress.ip_address(addr).is_loopback:
-        import psutil
-
-        for nics in psutil.net_if_addrs().values():
-            for nic in nics:
-                if nic.family == socket.AF_INET and not ipaddress.ip_address(nic.address).is_loopback:
-                    return str(nic.address)
-        return addr or "127.0.0.1"
-    return addr
-
-
-def default_run_id(endpoint: str) -> str:
-    """The same on every node without talking first: the endpoint names the job (torchrun's default is 'none')."""
-    return "elastic-" + endpoint.replace(":", "-").replace("[", "").replace("]", "")
 
 
 # --- the agent process -------------------------------------------------------------------------------------------
