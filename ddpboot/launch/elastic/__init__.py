@@ -28,7 +28,6 @@ ranks, world size, node rank and node count.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import selectors
@@ -50,7 +49,7 @@ from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
 from ddpboot.nodes.elastic import default_run_id
-from ddpboot.nodes.static import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup
+from ddpboot.nodes.static import NodeSetup
 from ddpboot.selection.locks import GpuLocks
 from ddpboot.selection.planner import Plan
 from ddpboot.tcpstore.address import bind_store_socket
