@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import clean_env, run_ddpboot
+from tests.support import clean_env, run_ddpboot
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.selection.affinity import format_cpu_list, parse_cpu_list
-from tests.conftest import REPO, clean_env, run_ddpboot
+from tests.support import REPO, clean_env, run_ddpboot
 
 pytestmark = pytest.mark.gpu
 PROBE = REPO / "tests" / "gpu" / "probe_rank.py"

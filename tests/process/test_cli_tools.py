@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GIB, clean_env, ddpboot_exe, run_ddpboot
+from tests.support import GIB, clean_env, ddpboot_exe, run_ddpboot
 
 
 def fake_env(spec: str, **extra: str) -> dict[str, str]:

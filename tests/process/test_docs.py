@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env
+from tests.support import REPO, clean_env
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)

@@ -23,9 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import clean_env
-from tests.process.test_launcher import SCRIPTS, finish, gone, run_launcher, start_launcher, wait_for
-from tests.process.test_multinode import free_port
+from tests.support import SCRIPTS, clean_env, finish, free_port, gone, run_launcher, start_launcher, wait_for
 
 JOB = str(SCRIPTS / "elastic_job.py")
 FAST_ROUNDS = "last_call_timeout=1"  # a round of fewer than MAX nodes forms 1 s after MIN have joined

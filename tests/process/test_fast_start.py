@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from tests.process import test_launcher as launcher
-from tests.process.test_launcher import finish, launch_env, reports, run_launcher, start_launcher, wait_for
+from tests.support import finish, launch_env, reports, run_launcher, start_launcher, wait_for
 
 FID = Path(__file__).resolve().parent / "scripts" / "fidelity"
 PROBE = str(FID / "probe.py")

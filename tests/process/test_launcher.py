@@ -11,105 +11,33 @@ The helpers here are shared by the other test_launcher_*.py modules.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from ddpboot.selection.inventory import fake_uuid
-from tests.conftest import clean_env, ddpboot_exe
-
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-BEHAVE = str(SCRIPTS / "launch_behave.py")
-DDP = str(SCRIPTS / "launch_ddp.py")
-ENVDUMP = str(SCRIPTS / "launch_env.py")
-TIMEOUT = 120
-
-
-# --- helpers ---------------------------------------------------------------------------------------
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
-    """Poll `cond` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def launch_env(out: Path, tmp: Path | None = None, **extra: str) -> dict[str, str]:
-    """A clean environment for the launcher: two simulated GPUs, reports into `out`, its own TMPDIR."""
-    env = clean_env(LAUNCH_TEST_OUT=str(out), DDPBOOT_FAKE_GPUS="2", **extra)
-    if tmp is not None:
-        env["TMPDIR"] = str(tmp)
-    return env
-
-
-def run_launcher(
-    args: Sequence[str], env: dict[str, str], timeout: float = TIMEOUT, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ddpboot_exe(), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
-    )
-
-
-def start_launcher(args: Sequence[str], env: dict[str, str], text: bool = True) -> subprocess.Popen[Any]:
-    """The launcher in its own session (as if started from a shell), so a test can clean up everything.
-    `text=False` keeps the output's bytes as they are (text mode turns \\r into \\n)."""
-    return subprocess.Popen(
-        [*ddpboot_exe(), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text,
-        start_new_session=True,
-    )
-
-
-def finish(proc: subprocess.Popen[Any], timeout: float = TIMEOUT) -> tuple[int, Any, Any]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"the launcher did not exit within {timeout} s:\n{out}\n{err}") from None
-    return proc.returncode, out, err
-
-
-def reports(out: Path) -> dict[int, dict[str, Any]]:
-    found = {}
-    for path in out.glob("rank*.json"):
-        data = json.loads(path.read_text())
-        found[int(data.get("rank", path.stem[4:]))] = data
-    return found
-
-
-def gone(pid: int) -> bool:
-    """Dead: no such process, or a zombie waiting for whoever adopted it."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def descendants(pid: int) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def base_keys() -> set[str]:
-    return set(launch_env(Path("/nonexistent")))
-
+from tests.support import (
+    BEHAVE,
+    DDP,
+    ENVDUMP,
+    SCRIPTS,
+    TIMEOUT,
+    base_keys,
+    descendants,
+    finish,
+    gone,
+    launch_env,
+    reports,
+    run_launcher,
+    start_launcher,
+    wait_for,
+)
 
 # --- the environment contract ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.selection.inventory import fake_uuid
-from tests.process.test_launcher import BEHAVE, launch_env, reports, run_launcher
+from tests.support import BEHAVE, launch_env, reports, run_launcher
 
 
 def _bad_script(tmp: Path) -> list[str]:

@@ -9,7 +9,7 @@ import select
 import signal
 from pathlib import Path
 
-from tests.process.test_launcher import (
+from tests.support import (
     BEHAVE,
     finish,
     launch_env,

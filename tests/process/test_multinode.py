@@ -11,23 +11,26 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tests.conftest import REPO, clean_env, ddpboot_exe
-from tests.process.test_launcher import ENVDUMP, finish, reports, run_launcher, start_launcher, wait_for
+from tests.support import (
+    ENVDUMP,
+    REPO,
+    clean_env,
+    ddpboot_exe,
+    finish,
+    free_port,
+    reports,
+    run_launcher,
+    start_launcher,
+    wait_for,
+)
 
 TRAIN = [str(REPO / "examples" / "train.py"), "--steps", "20", "--log-every", "10"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_args(rank: int, port: int, nproc: int = 2, nnodes: int = 2) -> list[str]:

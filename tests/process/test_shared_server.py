@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, clean_env, ddpboot_exe, run_ddpboot
+from tests.support import REPO, clean_env, ddpboot_exe, run_ddpboot
 
 HOLD = str(REPO / "tests" / "process" / "scripts" / "hold_gpus.py")
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import xmlschema
 
-from tests.conftest import REPO, clean_env, run_ddpboot
+from tests.support import REPO, clean_env, run_ddpboot
 
 SCHEMA = xmlschema.XMLSchema(REPO / "tests" / "data" / "junit.xsd")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
 from tests.slurm.helpers import alive, slurm, wait_for
+from tests.support import REPO
 
 pytestmark = pytest.mark.slurm
 BIN = Path(sys.executable).parent

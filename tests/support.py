@@ -1,0 +1,160 @@
+"""Helpers shared by the test suites (not tests themselves): a clean environment, the real `ddpboot` console
+script, launching it and waiting for what it does. Tests wait for conditions, never for a fixed time."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+# GPU locks taken by the processes tests start go here, not into the machine's shared lock directory.
+_LOCK_DIR = tempfile.mkdtemp(prefix="ddpboot-test-locks-")
+atexit.register(shutil.rmtree, _LOCK_DIR, True)
+
+
+def ddpboot_exe() -> list[str]:
+    """The installed console script (what users run), else `python -m ddpboot`."""
+    exe = Path(sys.executable).with_name("ddpboot")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("ddpboot")
+    return [found] if found else [sys.executable, "-m", "ddpboot"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without anything that would steer ddpboot or torch.distributed."""
+    drop_prefixes = ("DDPBOOT_", "PET_", "SLURM_", "TORCHELASTIC_")
+    drop = {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "OMP_NUM_THREADS",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(drop_prefixes)}
+    env["DDPBOOT_LOCK_DIR"] = _LOCK_DIR
+    env.update(extra)
+    return env
+
+
+def run_ddpboot(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ddpboot_exe(), *args],
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+# --- launching real jobs ---------------------------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parent / "process" / "scripts"
+BEHAVE = str(SCRIPTS / "launch_behave.py")
+DDP = str(SCRIPTS / "launch_ddp.py")
+ENVDUMP = str(SCRIPTS / "launch_env.py")
+TIMEOUT = 120
+
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
+    """Poll `cond` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def launch_env(out: Path, tmp: Path | None = None, **extra: str) -> dict[str, str]:
+    """A clean environment for the launcher: two simulated GPUs, reports into `out`, its own TMPDIR."""
+    env = clean_env(LAUNCH_TEST_OUT=str(out), DDPBOOT_FAKE_GPUS="2", **extra)
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
+    return env
+
+
+def run_launcher(
+    args: Sequence[str], env: dict[str, str], timeout: float = TIMEOUT, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ddpboot_exe(), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def start_launcher(args: Sequence[str], env: dict[str, str], text: bool = True) -> subprocess.Popen[Any]:
+    """The launcher in its own session (as if started from a shell), so a test can clean up everything.
+    `text=False` keeps the output's bytes as they are (text mode turns \\r into \\n)."""
+    return subprocess.Popen(
+        [*ddpboot_exe(), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[Any], timeout: float = TIMEOUT) -> tuple[int, Any, Any]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the launcher did not exit within {timeout} s:\n{out}\n{err}") from None
+    return proc.returncode, out, err
+
+
+def reports(out: Path) -> dict[int, dict[str, Any]]:
+    found = {}
+    for path in out.glob("rank*.json"):
+        data = json.loads(path.read_text())
+        found[int(data.get("rank", path.stem[4:]))] = data
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie waiting for whoever adopted it."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def base_keys() -> set[str]:
+    return set(launch_env(Path("/nonexistent")))
+
+
+def free_port() -> int:
+    """A port free at this moment (for tests that must name one; the launcher itself binds its own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
