@@ -45,3 +45,11 @@ def exit_mark(error_file: str) -> Path:
     TORCHELASTIC_ERROR_FILE. The supervisor reads it to tell the rank that failed first (the root cause) from a
     rank that merely died of its peer's leaving."""
     return Path(error_file + ".exiting")
+
+
+# --- ports -----------------------------------------------------------------------------------------------------
+
+
+def is_tcp_port(port: int) -> bool:
+    """A port peers can connect to: 1..65535 (0 means "any free port" to bind, which nobody can connect to)."""
+    return 0 < port < 65536

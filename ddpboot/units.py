@@ -1,4 +1,4 @@
-"""Byte sizes as people write them ("24GiB", "500MB", "1073741824")."""
+"""Quantities as people write and read them: byte sizes ("24GiB", "500MB", "1073741824") and counted nouns."""
 
 from __future__ import annotations
 
@@ -45,3 +45,8 @@ def format_size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit in ("B", "KiB") else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def plural(n: int, word: str) -> str:
+    """`1 node`, `2 nodes`: a count with its noun."""
+    return f"{n} {word}{'s' if n != 1 else ''}"

@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ddpboot.contract import ISOLATIONS, exit_mark
+from ddpboot.contract import ISOLATIONS, exit_mark, is_tcp_port
 from ddpboot.errors import (
     CudaInitializedEarlyError,
     ModelDeviceError,
@@ -217,7 +217,7 @@ def check_master(env: Mapping[str, str]) -> tuple[str, int]:
             "MASTER_PORT=<free port> on every rank."
         )
     port = parse_int_var(env, "MASTER_PORT")
-    if not 0 < port < 65536:
+    if not is_tcp_port(port):
         raise WorkerEnvError(f"MASTER_PORT={port} is not a TCP port (1-65535). Fix: export a port in that range.")
     if not addr:
         raise WorkerEnvError(

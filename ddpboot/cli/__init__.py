@@ -23,6 +23,7 @@ from ddpboot.selection.affinity import format_cpu_list
 from ddpboot.selection.inventory import GPU, Inventory, load_inventory
 from ddpboot.selection.locks import current_holders, lock_dir
 from ddpboot.selection.planner import DEFAULT_MAX_UTIL, Plan, Request, busy_reasons, make_plan, resolve_list
+from ddpboot.selection.request import parse_request
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import format_size, parse_size
 
@@ -292,7 +293,7 @@ def build_request(sel: Selection) -> Request:
         raise UsageError(f"--nnodes {sel.nnodes!r} is not a number of nodes.") from None
     if not 0 <= sel.max_util <= 100:
         raise UsageError(f"--max-util {sel.max_util}: give a percentage between 0 and 100.")
-    return Request(
+    return parse_request(
         nproc=sel.nproc,
         gpus=sel.gpus,
         exclude=sel.exclude,
@@ -533,7 +534,9 @@ def gpus_cmd(
 ) -> None:
     """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, excluded or not visible."""
     env = os.environ
-    req = Request(exclude=exclude, max_used_memory=parse_size(max_used_memory, "--max-used-memory"), max_util=max_util)
+    req = parse_request(
+        exclude=exclude, max_used_memory=parse_size(max_used_memory, "--max-used-memory"), max_util=max_util
+    )
     inventory = load_inventory(env)
     records = gpu_states(inventory, req, env)
     if as_json:

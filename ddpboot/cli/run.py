@@ -39,7 +39,7 @@ from ddpboot.cli import (
     render_plan,
     with_selection,
 )
-from ddpboot.contract import STOP_SIGNALS
+from ddpboot.contract import STOP_SIGNALS, is_tcp_port
 from ddpboot.errors import UsageError
 from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
 from ddpboot.launch.faststart import Zygote, supports
@@ -622,7 +622,7 @@ def _store_address(
     """Where the one-node store listens: loopback unless --master-addr names another address of this machine."""
     addr = master_addr or "127.0.0.1"
     port = master_port
-    if port is not None and not 0 < port < 65536:
+    if port is not None and not is_tcp_port(port):
         raise UsageError(f"--master-port {port} is not a TCP port (1-65535).")
     if endpoint and not standalone:
         host, ep_port = parse_endpoint(endpoint)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
+from ddpboot.contract import is_tcp_port
 from ddpboot.errors import UsageError
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
@@ -61,7 +62,7 @@ def resolve_nodes(
     notes: list[str] = []
     if nnodes is not None and nnodes < 1:
         raise UsageError(f"--nnodes {nnodes}: a job has at least 1 node.")
-    if master_port is not None and not 0 < master_port < 65536:
+    if master_port is not None and not is_tcp_port(master_port):
         raise UsageError(f"--master-port {master_port} is not a TCP port (1-65535).")
     slurm = None
     if in_srun_step(env) and (nnodes is None or nnodes > 1):

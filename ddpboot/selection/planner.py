@@ -16,7 +16,7 @@ from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.affinity import assign_cores, explicit_cores
 from ddpboot.selection.inventory import GPU, Inventory
 from ddpboot.selection.visible import Visible, match_uuid, resolve_visible
-from ddpboot.units import format_size
+from ddpboot.units import format_size, plural
 
 MIB = 1024**2
 DEFAULT_MAX_USED_MEMORY = 256 * MIB
@@ -384,7 +384,7 @@ def _shortage(
     locked: Mapping[str, str],
 ) -> str:
     need = n * k
-    ranks, gpus, free = _plural(n, "rank"), _plural(k, "GPU"), _plural(need, "free GPU")
+    ranks, gpus, free = plural(n, "rank"), plural(k, "GPU"), plural(need, "free GPU")
     parts = [
         f"{ranks} × {gpus} need {free}, "
         f"but only {len(pool)} {'is' if len(pool) == 1 else 'are'} free ({', '.join(u.label for u in pool) or 'none'})"
@@ -403,10 +403,6 @@ def _shortage(
         "; ".join(parts)
         + ". Ask for fewer ranks, name GPUs with --gpus (busy ones included), or raise --max-used-memory / --max-util."
     )
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def _build(

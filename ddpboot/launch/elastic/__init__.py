@@ -53,6 +53,7 @@ from ddpboot.nodes.static import NodeSetup
 from ddpboot.selection.locks import GpuLocks
 from ddpboot.selection.planner import Plan
 from ddpboot.tcpstore.address import bind_store_socket
+from ddpboot.units import plural
 
 WATCH_INTERVAL = 0.5  # seconds between "nodes waiting?" while workers run (torch caches its state for 1 s)
 WATCH_REPLY_WAIT = 1.0  # how long the supervisor's loop waits for that answer before carrying on without it
@@ -235,10 +236,6 @@ def round_plan(plan: Plan, rnd: Round) -> Plan:
                    cluster=cluster)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def run_elastic(
     spec: LaunchSpec,
     plan: Plan,
@@ -340,7 +337,7 @@ class _Driver:
             try:
                 with _signals(self.spec.signals) as sigfd:
                     self.say(f"joining the rendezvous at {self.endpoint} (run id {self.run_id}, "
-                             f"{self.nodes.min_nodes}-{self.nodes.max_nodes} nodes, {_plural(nlocal, 'rank')} here)")
+                             f"{self.nodes.min_nodes}-{self.nodes.max_nodes} nodes, {plural(nlocal, 'rank')} here)")
                     rnd = Round.from_json(agent.request(
                         "next", sigfd, nproc=nlocal, host=socket.gethostname(), addr=self.store_addr,
                         port=int(listener.getsockname()[1]),
@@ -429,7 +426,7 @@ class _Driver:
             return None
         waiting = int(msg.get("waiting", 0))
         if waiting > 0:
-            return (f"{_plural(waiting, 'node')} waiting to join the rendezvous (a membership change: not counted "
+            return (f"{plural(waiting, 'node')} waiting to join the rendezvous (a membership change: not counted "
                     "against --max-restarts)")
         return None
 
