@@ -25,12 +25,16 @@ demo: venv
 	$(VENV)/bin/ddpboot plan --nproc $(NPROC)
 	$(VENV)/bin/ddpboot --nproc $(NPROC) examples/train.py
 
-# As root (CI), the SLURM tests get a real two-node cluster on this machine (scripts/ci/slurm-up), stopped
-# afterwards whatever the result; elsewhere, or with DDPBOOT_NO_SLURM=1, they skip and say why.
+# As root (CI), the SLURM tests get a real two-node cluster on this machine (scripts/ci/slurm-up: its own directory,
+# config, ports and munged, beside any real SLURM installation), stopped afterwards whatever the result; elsewhere,
+# or with DDPBOOT_NO_SLURM=1, they skip and say why. If the cluster cannot start, the other tests still run (the
+# SLURM tests skip) and make fails at the end.
 WITH_SLURM = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_SLURM:-}" != 1 ]
 test: venv
-	@if $(WITH_SLURM); then scripts/ci/slurm-up; fi
-	@rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; exit $$rc
+	@up=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
+	rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; \
+	if [ $$up != 0 ]; then echo "make test: scripts/ci/slurm-up failed (exit $$up): the SLURM tests skipped" >&2; \
+	[ $$rc != 0 ] || rc=$$up; fi; exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit

@@ -43,7 +43,7 @@ import bench_launch
 from cases.common import DDPBOOT, PY, ROOT, TORCHRUN, alternate, free_port, job_env, log, ratio, sec, stats
 
 sys.path.insert(0, str(ROOT))
-from tests.slurm.helpers import START_HINT, slurm  # after the line above: needs the checkout on sys.path
+from tests.slurm.helpers import CLUSTER_CONF, START_HINT, slurm  # after the line above: needs the checkout on sys.path
 
 NODES = ["n1", "n2"]
 NPROC = 2
@@ -371,8 +371,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-slurm-jobs-"))
     env = job_env()  # no inherited launcher/SLURM variables, this checkout first on PYTHONPATH; sbatch exports it
-    if "SLURM_CONF" in os.environ:
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env["SLURM_CONF"] = str(CLUSTER_CONF)  # the test cluster's, never a user's; sbatch passes it to the job's steps
     env["TMPDIR"] = str(work)  # torchrun leaves a torchelastic_* directory per run in the temp dir
 
     started = ensure_cluster()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.slurm.helpers import START_HINT, slurm
+from tests.slurm.helpers import CLUSTER_CONF, START_HINT, slurm
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -16,6 +16,8 @@ def cluster() -> None:
     """Skip the module unless ddpboot's test cluster answers."""
     if shutil.which("sinfo") is None or shutil.which("srun") is None:
         pytest.skip(f"SLURM client tools (sinfo, srun) are not installed: {START_HINT} (it installs them)")
+    if not CLUSTER_CONF.is_file():
+        pytest.skip(f"no test cluster config at {CLUSTER_CONF} (DDPBOOT_SLURM_DIR): {START_HINT}")
     try:
         ping = slurm("scontrol", "ping", timeout=20)
     except subprocess.TimeoutExpired:

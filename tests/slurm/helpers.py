@@ -14,6 +14,11 @@ from typing import Any
 import pytest
 
 START_HINT = "start the test cluster with `sudo scripts/ci/slurm-up`"
+# The test cluster's own config (scripts/ci/slurm-up writes it; same directory variable and default). Every SLURM
+# command of the tests gets it as SLURM_CONF, so they never reach a real cluster through /etc/slurm/slurm.conf or a
+# user's SLURM_CONF; the jobs they submit inherit it, and so do the jobs' own srun steps.
+CLUSTER_DIR = Path(os.environ.get("DDPBOOT_SLURM_DIR") or "/tmp/ddpboot-slurm")
+CLUSTER_CONF = CLUSTER_DIR / "slurm.conf"
 # Each task prints its SLURM environment variables as JSON.
 DUMP_ENV = [
     sys.executable,
@@ -23,8 +28,11 @@ DUMP_ENV = [
 
 
 def slurm_env() -> dict[str, str]:
-    """This process's environment without SLURM_* job variables (pytest may itself run inside a job)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    """This process's environment without SLURM_* variables (pytest may itself run inside a job), with SLURM_CONF
+    naming the test cluster's config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = str(CLUSTER_CONF)
+    return env
 
 
 def slurm(*args: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

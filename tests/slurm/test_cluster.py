@@ -1,6 +1,6 @@
 """Smoke test of the local SLURM test cluster (scripts/ci/slurm-up): two emulated nodes n1, n2 on this machine.
 
-Checks the facts the SLURM support rests on (FACTS.md §4) against a real slurmctld/slurmd: what `srun` gives each
+Checks the facts the SLURM support rests on against a real slurmctld/slurmd: what `srun` gives each
 task, that `sbatch --wait` returns the batch script's exit code, and that `scancel` ends a job's processes.
 Skips when no cluster is up; start one with `sudo scripts/ci/slurm-up`.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import alive, slurm, slurm_env, task_envs, wait_for
+from tests.slurm.helpers import CLUSTER_CONF, alive, slurm, slurm_env, task_envs, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -74,13 +74,15 @@ def test_sbatch_wait_returns_the_exit_code(tmp_path: Path, code: int) -> None:
     script.write_text(
         "#!/bin/bash\n"
         f"#SBATCH -N2 --ntasks-per-node=1 -t 1 -J ddpboot-test -o {tmp_path}/out.txt\n"
-        "srun bash -c 'echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_STEP_NODELIST\"'\n"
+        'echo "batch $SLURM_CONF"\n'
+        "srun bash -c 'echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_STEP_NODELIST $SLURM_CONF\"'\n"
         f"exit {code}\n"
     )
     out = slurm("sbatch", "--wait", str(script), cwd=tmp_path)
     assert out.returncode == code, out.stdout + out.stderr
     lines = sorted((tmp_path / "out.txt").read_text().splitlines())
-    assert lines == ["n1 0 n[1-2]", "n2 1 n[1-2]"]
+    # The test cluster's SLURM_CONF reaches the batch script and its steps (sbatch exports the submitter's env).
+    assert lines == [f"batch {CLUSTER_CONF}", f"n1 0 n[1-2] {CLUSTER_CONF}", f"n2 1 n[1-2] {CLUSTER_CONF}"]
 
 
 def test_scancel_ends_the_jobs_processes(tmp_path: Path, jobs: list[str]) -> None:
