@@ -2,9 +2,8 @@
 
 Why not `torch.distributed.TCPStore(is_master=False)`: the launcher never imports torch (≈2 s on a small machine,
 and it competes with the workers' own imports). The few requests a launcher needs (SET, GET, ADD, CHECK, WAIT with
-a deadline) are a few lines each over the wire format that store.py documents: a request is one QueryType byte and
-its arguments; strings are a native uint64 length and the bytes; integers native int64. The client validates first
-(VALIDATE + torch's magic number), as torch's own client does, so it speaks to ddpboot's server and torch's alike.
+a deadline) are a few lines each over the wire format of protocol.py. The client validates first (VALIDATE +
+torch's magic number), as torch's own client does, so it speaks to ddpboot's server and torch's alike.
 
 Every call has a deadline: a node that never shows up, or a store that went away, becomes a StoreTimeout or a
 StoreGone, never a hang.
@@ -13,28 +12,30 @@ StoreGone, never a hang.
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections.abc import Sequence
 
-from ddpboot.tcpstore.server import (
+from ddpboot.tcpstore.protocol import (
     ADD,
     CANCEL_WAIT,
     CHECK,
     GET,
+    I64,
     READY,
     SET,
     STOP_WAITING,
+    U8,
+    U32,
+    U64,
     VALIDATE,
     VALIDATION_MAGIC,
     WAIT,
     WAIT_CANCELED,
+    vec,
+    vecs,
 )
 
-_U8 = struct.Struct("=B")
-_U32 = struct.Struct("=I")
-_U64 = struct.Struct("=Q")
-_I64 = struct.Struct("=q")
+ANSWER_TIMEOUT = 30.0  # seconds a request waits for the store to take it and answer, unless told otherwise
 
 
 class StoreGone(ConnectionError):
@@ -43,10 +44,6 @@ class StoreGone(ConnectionError):
 
 class StoreTimeout(TimeoutError):
     """A request's deadline passed before the store answered (e.g. a WAIT for a key nobody set)."""
-
-
-def _vec(value: bytes) -> bytes:
-    return _U64.pack(len(value)) + value
 
 
 def _key(key: str | bytes) -> bytes:
@@ -72,7 +69,7 @@ class StoreClient:
                 last = exc
                 time.sleep(min(0.05, max(left, 0.0)))  # back-off between connection attempts, not a wait for a result
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._send(_U8.pack(VALIDATE) + _U32.pack(VALIDATION_MAGIC))
+        self._send(U8.pack(VALIDATE) + U32.pack(VALIDATION_MAGIC))
 
     def close(self) -> None:
         self.sock.close()
@@ -87,7 +84,7 @@ class StoreClient:
 
     def _send(self, data: bytes) -> None:
         try:
-            self.sock.settimeout(30.0)
+            self.sock.settimeout(ANSWER_TIMEOUT)
             self.sock.sendall(data)
         except OSError as exc:
             raise StoreGone(f"the store at {self.address} went away: {exc}") from None
@@ -110,35 +107,38 @@ class StoreClient:
             buf += chunk
         return bytes(buf)
 
+    def _recv_u8(self, timeout: float) -> int:
+        return int(U8.unpack(self._recv(1, time.monotonic() + timeout))[0])
+
     def _recv_vec(self, deadline: float | None) -> bytes:
-        n = int(_U64.unpack(self._recv(8, deadline))[0])
+        n = int(U64.unpack(self._recv(8, deadline))[0])
         return self._recv(n, deadline)
 
     # --- requests -----------------------------------------------------------------------------------
 
     def set(self, key: str | bytes, value: str | bytes) -> None:
-        self._send(_U8.pack(SET) + _vec(_key(key)) + _vec(_key(value)))
+        self._send(U8.pack(SET) + vec(_key(key)) + vec(_key(value)))
 
-    def add(self, key: str | bytes, delta: int, timeout: float = 30.0) -> int:
-        self._send(_U8.pack(ADD) + _vec(_key(key)) + _I64.pack(delta))
-        return int(_I64.unpack(self._recv(8, time.monotonic() + timeout))[0])
+    def add(self, key: str | bytes, delta: int, timeout: float = ANSWER_TIMEOUT) -> int:
+        self._send(U8.pack(ADD) + vec(_key(key)) + I64.pack(delta))
+        return int(I64.unpack(self._recv(8, time.monotonic() + timeout))[0])
 
-    def check(self, keys: Sequence[str | bytes], timeout: float = 30.0) -> bool:
+    def check(self, keys: Sequence[str | bytes], timeout: float = ANSWER_TIMEOUT) -> bool:
         """Whether every key exists now (no waiting)."""
-        self._send(_U8.pack(CHECK) + _U64.pack(len(keys)) + b"".join(_vec(_key(k)) for k in keys))
-        return int(_U8.unpack(self._recv(1, time.monotonic() + timeout))[0]) == READY
+        self._send(U8.pack(CHECK) + vecs(_key(k) for k in keys))
+        return self._recv_u8(timeout) == READY
 
     def wait(self, keys: Sequence[str | bytes], timeout: float) -> None:
         """Block until every key exists; StoreTimeout after `timeout` seconds (the wait is then cancelled on the
         server, so the connection stays usable)."""
-        self._send(_U8.pack(WAIT) + _U64.pack(len(keys)) + b"".join(_vec(_key(k)) for k in keys))
+        self._send(U8.pack(WAIT) + vecs(_key(k) for k in keys))
         try:
-            answer = int(_U8.unpack(self._recv(1, time.monotonic() + timeout))[0])
+            answer = self._recv_u8(timeout)
         except StoreTimeout:
-            self._send(_U8.pack(CANCEL_WAIT))
-            answer = int(_U8.unpack(self._recv(1, time.monotonic() + 30.0))[0])
+            self._send(U8.pack(CANCEL_WAIT))
+            answer = self._recv_u8(ANSWER_TIMEOUT)
             if answer == STOP_WAITING:  # the keys arrived just as we gave up; the cancel's own answer follows
-                self._recv(1, time.monotonic() + 30.0)
+                self._recv_u8(ANSWER_TIMEOUT)
                 return
             if answer == WAIT_CANCELED:
                 raise
@@ -146,8 +146,8 @@ class StoreClient:
         if answer != STOP_WAITING:
             raise StoreGone(f"the store at {self.address} answered a wait with {answer}")
 
-    def get(self, key: str | bytes, timeout: float = 30.0) -> bytes:
+    def get(self, key: str | bytes, timeout: float = ANSWER_TIMEOUT) -> bytes:
         """The value of `key`, waiting up to `timeout` seconds for it to be set (as torch's client does)."""
         self.wait([key], timeout)
-        self._send(_U8.pack(GET) + _vec(_key(key)))
-        return self._recv_vec(time.monotonic() + 30.0)
+        self._send(U8.pack(GET) + vec(_key(key)))
+        return self._recv_vec(time.monotonic() + ANSWER_TIMEOUT)

@@ -110,7 +110,7 @@ class Agent:
             "nodes": nodes,
         }
 
-    def waiting(self) -> dict[str, Any]:
+    def waiting(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"waiting": int(self.handler.num_nodes_waiting())}
 
     def finish(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -128,33 +128,29 @@ class Agent:
             time.sleep(WAITERS_GRACE)
         return {"ok": True}
 
-    def close(self) -> dict[str, Any]:
+    def close(self, req: dict[str, Any]) -> dict[str, Any]:
         self.handler.shutdown()
         return {"ok": True}
+
+    def answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one request of the launcher (without its "re")."""
+        handlers = {"next": self.next_round, "waiting": self.waiting, "finish": self.finish, "close": self.close}
+        handler = handlers.get(str(req.get("cmd")))
+        if handler is None:
+            return {"error": f"unknown command {req.get('cmd')!r}", "kind": "other"}
+        try:
+            return handler(req)
+        except Exception as exc:
+            return {"error": _describe(exc), "kind": "other"}
 
     def serve(self) -> int:
         if not self.start():
             return 1
-        rfile = self.chan.makefile("rb")
-        for line in rfile:
+        for line in self.chan.makefile("rb"):
             req = json.loads(line)
-            cmd = req.get("cmd")
-            if cmd == "quit":
+            if req.get("cmd") == "quit":
                 break
-            try:
-                if cmd == "next":
-                    reply = self.next_round(req)
-                elif cmd == "waiting":
-                    reply = self.waiting()
-                elif cmd == "finish":
-                    reply = self.finish(req)
-                elif cmd == "close":
-                    reply = self.close()
-                else:
-                    reply = {"error": f"unknown command {cmd!r}", "kind": "other"}
-            except Exception as exc:
-                reply = {"error": _describe(exc), "kind": "other"}
-            self.send({"re": cmd, **reply})
+            self.send({"re": req.get("cmd"), **self.answer(req)})
         return 0
 
 

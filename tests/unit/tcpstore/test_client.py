@@ -1,4 +1,5 @@
-"""The launcher's store client against ddpboot's own store server (in a thread) and torch's TCPStore server."""
+"""The launcher's store client (ddpboot.tcpstore.client) against ddpboot's own store server (in a thread) and
+torch's TCPStore server; and the nodes' check-in (ddpboot.nodes.check), which talks through that client."""
 
 from __future__ import annotations
 

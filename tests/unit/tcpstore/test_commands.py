@@ -1,0 +1,137 @@
+"""What each TCPStore request does to the store and answers (ddpboot.tcpstore.commands), without sockets: requests
+are encoded as torch's client sends them and run against KeyValues; answers are read from the connection's
+output buffer."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from ddpboot.tcpstore import protocol as p
+from ddpboot.tcpstore.commands import Connection, KeyValues
+from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader, vec, vecs
+
+
+@pytest.fixture
+def conns() -> Iterator[tuple[Connection, Connection]]:
+    a, b = socket.socketpair()
+    try:
+        yield Connection(a), Connection(b)
+    finally:
+        a.close()
+        b.close()
+
+
+class Store:
+    """KeyValues and the connections it woke (their parked WAIT answered)."""
+
+    def __init__(self) -> None:
+        self.woken: list[Connection] = []
+        self.kv = KeyValues(wake=self.woken.append)
+
+    def run(self, conn: Connection, request: bytes) -> bytes:
+        """Run one request of `conn`; what it answered."""
+        reader = Reader(bytearray(request))
+        self.kv.execute(reader.u8(), conn, reader)
+        assert reader.pos == len(request), "the handler did not read its whole request"
+        answer = bytes(conn.outbuf)
+        conn.outbuf.clear()
+        return answer
+
+
+def req(code: int, *fields: bytes) -> bytes:
+    return bytes([code]) + b"".join(fields)
+
+
+def i64(n: int) -> bytes:
+    return struct.pack("=q", n)
+
+
+def test_set_get_add_and_the_key_count(conns: tuple[Connection, Connection]) -> None:
+    c, _ = conns
+    s = Store()
+    assert s.run(c, req(p.VALIDATE, struct.pack("=I", p.VALIDATION_MAGIC))) == b""
+    assert s.run(c, req(p.PING, struct.pack("=I", 9))) == struct.pack("=I", 9)
+    assert s.run(c, req(p.SET, vec(b"k"), vec(b"v"))) == b""
+    assert s.run(c, req(p.GET, vec(b"k"))) == vec(b"v")
+    assert s.run(c, req(p.ADD, vec(b"n"), i64(5))) == i64(5)
+    assert s.run(c, req(p.ADD, vec(b"n"), i64(-2))) == i64(3)
+    assert s.run(c, req(p.APPEND, vec(b"k"), vec(b"w"))) == b""
+    assert s.run(c, req(p.MULTI_GET, vecs([b"k", b"n"]))) == vec(b"vw") + vec(b"3")
+    assert s.run(c, req(p.GETNUMKEYS)) == i64(2)
+    assert s.run(c, req(p.LIST_KEYS)) == i64(2) + vec(b"k") + vec(b"n")
+    assert s.run(c, req(p.DELETE_KEY, vec(b"k"))) == i64(1)
+    assert s.run(c, req(p.DELETE_KEY, vec(b"k"))) == i64(0)
+    assert s.run(c, req(p.MULTI_SET, struct.pack("=Q", 2), vec(b"x"), vec(b"1"), vec(b"y"), vec(b"2"))) == b""
+    assert s.kv.data == {b"n": b"3", b"x": b"1", b"y": b"2"}
+
+
+def test_compare_set_answers_as_torchs_server(conns: tuple[Connection, Connection]) -> None:
+    c, _ = conns
+    s = Store()
+    assert s.run(c, req(p.COMPARE_SET, vec(b"m"), vec(b""), vec(b"x"))) == vec(b"x")  # missing, expected empty: set
+    assert s.run(c, req(p.COMPARE_SET, vec(b"gone"), vec(b"a"), vec(b"x"))) == vec(b"a")  # missing: `expected` back
+    assert s.run(c, req(p.COMPARE_SET, vec(b"m"), vec(b"x"), vec(b"y"))) == vec(b"y")  # matches: swapped
+    assert s.run(c, req(p.COMPARE_SET, vec(b"m"), vec(b"no"), vec(b"q"))) == vec(b"y")  # differs: current value
+    assert b"gone" not in s.kv.data
+
+
+def test_queues(conns: tuple[Connection, Connection]) -> None:
+    c, _ = conns
+    s = Store()
+    assert s.run(c, req(p.QUEUE_PUSH, vec(b"q"), vec(b"a"))) == b""
+    assert s.run(c, req(p.QUEUE_LEN, vec(b"q"))) == i64(1)
+    assert s.run(c, req(p.CHECK, vecs([b"q"]))) == bytes([p.READY])
+    assert s.run(c, req(p.QUEUE_POP, vec(b"q"))) == i64(1) + vec(b"a")
+    assert s.run(c, req(p.QUEUE_POP, vec(b"q"))) == i64(0)
+    assert s.run(c, req(p.CHECK, vecs([b"q"]))) == bytes([p.NOT_READY])
+
+
+def test_a_wait_is_parked_until_its_last_key_exists(conns: tuple[Connection, Connection]) -> None:
+    waiter, setter = conns
+    s = Store()
+    assert s.run(waiter, req(p.WAIT, vecs([b"x", b"y"]))) == b""
+    s.run(setter, req(p.SET, vec(b"x"), vec(b"1")))
+    assert s.woken == [] and waiter.outbuf == b""
+    s.run(setter, req(p.ADD, vec(b"y"), i64(1)))
+    assert s.woken == [waiter] and bytes(waiter.outbuf) == bytes([p.STOP_WAITING])
+    waiter.outbuf.clear()
+    assert s.run(waiter, req(p.WAIT, vecs([b"x"]))) == bytes([p.STOP_WAITING])  # present: answered at once
+
+
+def test_a_cancelled_wait_is_forgotten(conns: tuple[Connection, Connection]) -> None:
+    waiter, setter = conns
+    s = Store()
+    s.run(waiter, req(p.WAIT, vecs([b"never"])))
+    assert s.run(waiter, req(p.CANCEL_WAIT)) == bytes([p.WAIT_CANCELED])
+    assert s.kv.waiters == {} and waiter.waiting == set()
+    s.run(setter, req(p.SET, vec(b"never"), vec(b"1")))
+    assert s.woken == []
+
+
+def test_requests_the_store_cannot_take(conns: tuple[Connection, Connection]) -> None:
+    c, _ = conns
+    s = Store()
+    with pytest.raises(ProtocolError, match="validation number 0x1"):
+        s.run(c, req(p.VALIDATE, struct.pack("=I", 1)))
+    with pytest.raises(ProtocolError, match="GET for a key that does not exist"):
+        s.run(c, req(p.GET, vec(b"none")))
+    s.run(c, req(p.SET, vec(b"text"), vec(b"abc")))
+    with pytest.raises(ProtocolError, match="does not hold a number"):
+        s.run(c, req(p.ADD, vec(b"text"), i64(1)))
+    with pytest.raises(ProtocolError, match=r"request type 250 is newer .* `--store torch`"):
+        s.run(c, bytes([250]))
+
+
+def test_a_request_cut_short_changes_nothing(conns: tuple[Connection, Connection]) -> None:
+    c, _ = conns
+    s = Store()
+    whole = req(p.SET, vec(b"k"), vec(b"value"))
+    for cut in range(1, len(whole)):
+        reader = Reader(bytearray(whole[:cut]))
+        with pytest.raises(NeedMore):
+            s.kv.execute(reader.u8(), c, reader)
+    assert s.kv.data == {}
