@@ -1,0 +1,68 @@
+"""The shape of the code, checked like behaviour: the layers (import-linter's contracts in pyproject.toml), the
+complexity and size limits, no dead code, and a repository that stands alone (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+PACKAGE = REPO / "ddpboot"
+MAX_MODULE_LINES = 400
+
+
+def _tool(name: str) -> str:
+    exe = Path(sys.executable).with_name(name)
+    found = str(exe) if exe.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed (pip install -e '.[dev]' brings it)")
+    return found
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_imports_point_down_the_layers() -> None:
+    res = _run(_tool("lint-imports"), "--no-cache")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_no_function_is_too_complex() -> None:
+    res = _run(_tool("ruff"), "check", "--select", "C90", "--output-format", "concise", "ddpboot")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_dead_code() -> None:
+    res = _run(_tool("vulture"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_modules_stay_small() -> None:
+    big = {
+        str(p.relative_to(REPO)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them into a package of small modules): {big}"
+
+
+def test_the_repository_cites_only_its_own_files() -> None:
+    """Code, docs and tests cite files of this repository only: what the code relies on is written down here."""
+    outside = re.compile(r"\b(DESIGN|FACTS)\.md\b")
+    hits = [
+        f"{p.relative_to(REPO)}:{i}"
+        for top in ("ddpboot", "docs", "tests", "benchmarks", "examples", "scripts")
+        for p in (REPO / top).rglob("*")
+        if p.is_file() and p.suffix in (".py", ".md", ".sh", ".toml", "") and p != Path(__file__)
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ] + [f"README.md:{i}" for i, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
+         if outside.search(line)]
+    assert not hits, f"references to files that are not in the repository: {hits}"
