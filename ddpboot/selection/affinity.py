@@ -7,6 +7,8 @@ reflects cgroup cpusets and SLURM's binding) happens at the call site.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from ddpboot.errors import UsageError
 
@@ -91,18 +93,43 @@ def assign_cores(
     return out
 
 
-def explicit_cores(text: str, nranks: int, allowed: Sequence[int]) -> list[tuple[int, ...]]:
-    """`--cpu-affinity LIST`: `0-7` is a pool split among the ranks; `0-3;4-7` gives each rank its own list."""
-    allowed_set = set(allowed)
+@dataclass(frozen=True)
+class CoreLists:
+    """`--cpu-affinity LIST`: `0-7` is one pool split among the ranks; `0-3;4-7` gives each rank its own list."""
+
+    text: str  # as the user wrote it, for messages
+    lists: tuple[tuple[int, ...], ...]
+    per_rank: bool
+
+
+CpuAffinity = Literal["auto", "none"] | CoreLists
+"""`auto`: cores near each rank's GPU; `none`: no binding; or the user's core lists."""
+
+
+def parse_cpu_affinity(text: str) -> CpuAffinity:
+    """The --cpu-affinity value: `auto`, `none` (any case, blanks around) or core lists; syntax only."""
+    mode = text.strip().lower()
+    if mode in ("auto", "none"):
+        return "auto" if mode == "auto" else "none"
     if ";" in text:
-        per_rank = [parse_cpu_list(part) for part in text.split(";")]
-        if len(per_rank) != nranks:
-            raise UsageError(
-                f"--cpu-affinity {text!r} gives {len(per_rank)} core lists for {nranks} ranks; give one per rank "
-                "(separated by ';') or one pool to split (no ';')."
-            )
+        return CoreLists(text, tuple(parse_cpu_list(part) for part in text.split(";")), per_rank=True)
+    return CoreLists(text, (parse_cpu_list(text),), per_rank=False)
+
+
+def explicit_cores(spec: CoreLists, nranks: int, allowed: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each rank's cores from the user's lists, all of them within `allowed`. None is empty: a parsed list never is,
+    and a pool split among more ranks than it has cores gives them shared cores."""
+    text = spec.text
+    if not spec.per_rank:
+        per_rank = split_fairly(spec.lists[0], nranks)
+    elif len(spec.lists) != nranks:
+        raise UsageError(
+            f"--cpu-affinity {text!r} gives {len(spec.lists)} core lists for {nranks} ranks; give one per rank "
+            "(separated by ';') or one pool to split (no ';')."
+        )
     else:
-        per_rank = split_fairly(parse_cpu_list(text), nranks)
+        per_rank = list(spec.lists)
+    allowed_set = set(allowed)
     for cores in per_rank:
         bad = sorted(set(cores) - allowed_set)
         if bad:
@@ -110,6 +137,23 @@ def explicit_cores(text: str, nranks: int, allowed: Sequence[int]) -> list[tuple
                 f"--cpu-affinity {text!r} names cores {format_cpu_list(bad)}, which this launcher may not use "
                 f"(allowed: {format_cpu_list(allowed)}, from its own CPU affinity / cgroup / SLURM binding)."
             )
-        if not cores:
-            raise UsageError(f"--cpu-affinity {text!r} leaves a rank without cores.")
-    return [tuple(c) for c in per_rank]
+    return per_rank
+
+
+def rank_cores(
+    affinity: CpuAffinity, near: Sequence[tuple[int, ...]], allowed: Sequence[int]
+) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Each rank's cores (empty: not bound) and its OMP_NUM_THREADS share. `near[r]`: the cores near rank r's GPUs.
+
+    A rank's share is the cores it has to itself; ranks that had to share cores (more ranks than cores) get one
+    thread each. Unbound ranks (`none`) share the allowed cores evenly.
+    """
+    nranks = len(near)
+    if affinity == "none":
+        return [() for _ in near], [max(1, len(allowed) // max(nranks, 1))] * nranks
+    cores = assign_cores(near, allowed) if affinity == "auto" else explicit_cores(affinity, nranks, allowed)
+    users: dict[int, int] = {}
+    for cs in cores:
+        for c in cs:
+            users[c] = users.get(c, 0) + 1
+    return cores, [max(1, sum(1 for c in cs if users[c] == 1)) for cs in cores]

@@ -11,81 +11,20 @@ import json
 import os
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ddpboot.contract import FAKE_GPUS_VAR
 from ddpboot.errors import InventoryError
+from ddpboot.selection.gpu import GPU, Inventory
 
-FAKE_GPUS_VAR = "DDPBOOT_FAKE_GPUS"
 GIB = 1024**3
 _FAKE_MEMORY = 80 * GIB
 _FAKE_NAME = "Simulated GPU 80GB"
 _MAX_FAKE = 1024
 
-
-@dataclass(frozen=True)
-class GPU:
-    """One schedulable device: a whole GPU, or one MIG instance of a GPU (`mig_index` set).
-
-    `index` is the NVML index (PCI order, what nvidia-smi shows); a MIG instance carries its parent's
-    index and bus id.
-    """
-
-    index: int
-    uuid: str
-    pci_bus_id: str
-    name: str
-    memory_total: int
-    memory_used: int
-    utilization: int | None = None
-    processes: tuple[int, ...] = ()
-    cpu_affinity: tuple[int, ...] = ()
-    numa_node: int | None = None
-    mig_index: int | None = None
-    mig_devices: tuple[GPU, ...] = field(default=(), repr=False)
-
-    @property
-    def label(self) -> str:
-        """How a person names it: `3`, or `3:1` for MIG instance 1 of GPU 3."""
-        return str(self.index) if self.mig_index is None else f"{self.index}:{self.mig_index}"
-
-    @property
-    def mig_enabled(self) -> bool:
-        return bool(self.mig_devices)
-
-    @property
-    def memory_free(self) -> int:
-        return max(self.memory_total - self.memory_used, 0)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": self.index,
-            "uuid": self.uuid,
-            "pci_bus_id": self.pci_bus_id,
-            "name": self.name,
-            "memory_total": self.memory_total,
-            "memory_used": self.memory_used,
-        }
-        if self.mig_index is not None:
-            out["mig_index"] = self.mig_index
-        return out
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """Every GPU of the machine in PCI order, and how they were found."""
-
-    gpus: tuple[GPU, ...]
-    source: str  # "nvml", "fake" or "none"
-    notes: tuple[str, ...] = ()
-
-    def units(self) -> tuple[GPU, ...]:
-        """What ranks can be given: whole GPUs, and the MIG instances of MIG-enabled GPUs."""
-        out: list[GPU] = []
-        for gpu in self.gpus:
-            out.extend(gpu.mig_devices if gpu.mig_enabled else (gpu,))
-        return tuple(out)
+# GPU and Inventory live in selection/gpu.py; named here too because callers import them with load_inventory.
+__all__ = ["GPU", "Inventory", "fake_bus_id", "fake_inventory", "fake_uuid", "load_inventory", "nvml_inventory"]
 
 
 def load_inventory(env: Mapping[str, str] | None = None) -> Inventory:
@@ -149,88 +88,113 @@ def fake_inventory(spec: str) -> Inventory:
     return Inventory(gpus, "fake", (f"simulated inventory: {len(gpus)} GPUs from {path}",))
 
 
-def _fake_gpu(obj: Any, position: int, path: Path, parent: GPU | None = None) -> GPU:
-    where = (
-        f"{FAKE_GPUS_VAR}: {path}: GPU {position}"
-        if parent is None
-        else (f"{FAKE_GPUS_VAR}: {path}: GPU {parent.index} MIG device {position}")
-    )
-    if not isinstance(obj, dict):
-        raise InventoryError(f"{where} must be a JSON object, not {obj!r}.")
-    known = {
-        "index",
-        "uuid",
-        "pci_bus_id",
-        "name",
-        "memory_total",
-        "memory_used",
-        "utilization",
-        "processes",
-        "cpu_affinity",
-        "numa_node",
-        "mig_devices",
-        "mig_index",
-        "visible",
-        "busy",
-        "locked",
-        "memory_free",
-        "excluded",
-    }
-    unknown = sorted(set(obj) - known)
-    if unknown:
-        raise InventoryError(f"{where} has unknown keys {unknown}; known keys: {sorted(known)}.")
+# Keys a simulated GPU may have: GPU's fields, and the derived states `ddpboot gpus --json` adds (ignored here), so
+# that its output can be fed back as it is.
+_FAKE_KEYS = frozenset(
+    {"index", "uuid", "pci_bus_id", "name", "memory_total", "memory_used", "utilization", "processes"}
+    | {"cpu_affinity", "numa_node", "mig_devices", "mig_index"}
+    | {"visible", "busy", "locked", "memory_free", "excluded"}
+)
 
-    def get(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
-        value = obj.get(key, default)
+
+class _FakeRecord:
+    """One GPU object of a simulated inventory, read field by field; every error names where the bad value is."""
+
+    def __init__(self, obj: Any, where: str) -> None:
+        if not isinstance(obj, dict):
+            raise InventoryError(f"{where} must be a JSON object, not {obj!r}.")
+        unknown = sorted(set(obj) - _FAKE_KEYS)
+        if unknown:
+            raise InventoryError(f"{where} has unknown keys {unknown}; known keys: {sorted(_FAKE_KEYS)}.")
+        self.obj: dict[str, Any] = obj
+        self.where = where
+
+    def get(self, key: str, kind: type, default: Any) -> Any:
+        value = self.obj.get(key, default)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise InventoryError(f"{where}: {key!r} must be {_kind_name(kind)}, not {value!r}.")
+            raise InventoryError(f"{self.where}: {key!r} must be {_kind_name(kind)}, not {value!r}.")
         return value
 
-    index = parent.index if parent else get("index", int, position)
-    if parent is None and index != position:
-        raise InventoryError(f"{where} says index {index}; GPUs must be listed in PCI order with indices 0, 1, 2, ...")
-    memory_total = get("memory_total", int, _FAKE_MEMORY)
-    memory_used = get("memory_used", int, 0)
-    if memory_total < 0 or memory_used < 0 or memory_used > memory_total:
-        raise InventoryError(f"{where}: memory_used {memory_used} must lie between 0 and memory_total {memory_total}.")
-    utilization = get("utilization", int, 0)
-    if utilization is not None and not 0 <= utilization <= 100:
-        raise InventoryError(f"{where}: utilization must be a percentage 0-100, not {utilization}.")
-    processes = get("processes", list, [])
-    cpus = get("cpu_affinity", list, [])
-    for name, values in (("processes", processes), ("cpu_affinity", cpus)):
+    def memory(self) -> tuple[int, int]:
+        total, used = self.get("memory_total", int, _FAKE_MEMORY), self.get("memory_used", int, 0)
+        if total < 0 or used < 0 or used > total:
+            raise InventoryError(f"{self.where}: memory_used {used} must lie between 0 and memory_total {total}.")
+        return total, used
+
+    def utilization(self) -> int | None:
+        value: int | None = self.get("utilization", int, 0)
+        if value is not None and not 0 <= value <= 100:
+            raise InventoryError(f"{self.where}: utilization must be a percentage 0-100, not {value}.")
+        return value
+
+    def numbers(self, key: str) -> tuple[int, ...]:
+        values = self.get(key, list, [])
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise InventoryError(f"{where}: {name!r} must be a list of non-negative integers.")
-    uuid = get("uuid", str, None)
-    if uuid is None:
-        uuid = fake_uuid(index) if parent is None else "MIG-" + fake_uuid(1000 * index + position)[4:]
-    prefix = "GPU-" if parent is None else "MIG-"
-    if not uuid.startswith(prefix):
-        raise InventoryError(f"{where}: uuid {uuid!r} must start with {prefix!r}.")
+            raise InventoryError(f"{self.where}: {key!r} must be a list of non-negative integers.")
+        return tuple(values)
+
+    def uuid(self, default: str, prefix: str) -> str:
+        given: str | None = self.get("uuid", str, None)
+        value = default if given is None else given
+        if not value.startswith(prefix):
+            raise InventoryError(f"{self.where}: uuid {value!r} must start with {prefix!r}.")
+        return value
+
+
+def _fake_gpu(obj: Any, position: int, path: Path) -> GPU:
+    """A whole simulated GPU (and its MIG instances) from its JSON object at `position` in the list."""
+    rec = _FakeRecord(obj, f"{FAKE_GPUS_VAR}: {path}: GPU {position}")
+    index = rec.get("index", int, position)
+    if index != position:
+        raise InventoryError(
+            f"{rec.where} says index {index}; GPUs must be listed in PCI order with indices 0, 1, 2, ..."
+        )
+    memory_total, memory_used = rec.memory()
+    utilization = rec.utilization()
+    processes, cpus = rec.numbers("processes"), rec.numbers("cpu_affinity")
     gpu = GPU(
         index=index,
-        uuid=uuid,
-        pci_bus_id=parent.pci_bus_id if parent else get("pci_bus_id", str, fake_bus_id(index)),
-        name=get("name", str, _FAKE_NAME),
+        uuid=rec.uuid(fake_uuid(index), "GPU-"),
+        pci_bus_id=rec.get("pci_bus_id", str, fake_bus_id(index)),
+        name=rec.get("name", str, _FAKE_NAME),
         memory_total=memory_total,
         memory_used=memory_used,
         utilization=utilization,
-        processes=tuple(processes),
-        cpu_affinity=tuple(cpus) if parent is None else parent.cpu_affinity,
-        numa_node=get("numa_node", int, None) if parent is None else parent.numa_node,
-        mig_index=position if parent else None,
+        processes=processes,
+        cpu_affinity=cpus,
+        numa_node=rec.get("numa_node", int, None),
     )
-    migs = get("mig_devices", list, []) if parent is None else []
-    if migs:
-        children = tuple(_fake_gpu(m, j, path, parent=gpu) for j, m in enumerate(migs))
-        gpu = GPU(**{**gpu.__dict__, "mig_devices": children})
-    return gpu
+    migs = rec.get("mig_devices", list, [])
+    if not migs:
+        return gpu
+    children = tuple(_fake_mig(m, j, path, gpu) for j, m in enumerate(migs))
+    return GPU(**{**gpu.__dict__, "mig_devices": children})
 
 
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
+def _fake_mig(obj: Any, position: int, path: Path, parent: GPU) -> GPU:
+    """MIG instance `position` of a simulated GPU: its own memory, load and UUID; the rest is its parent's."""
+    rec = _FakeRecord(obj, f"{FAKE_GPUS_VAR}: {path}: GPU {parent.index} MIG device {position}")
+    memory_total, memory_used = rec.memory()
+    utilization = rec.utilization()
+    processes = rec.numbers("processes")
+    rec.numbers("cpu_affinity")  # checked as for a whole GPU; an instance is as near the cores as its parent
+    return GPU(
+        index=parent.index,
+        uuid=rec.uuid("MIG-" + fake_uuid(1000 * parent.index + position)[4:], "MIG-"),
+        pci_bus_id=parent.pci_bus_id,
+        name=rec.get("name", str, _FAKE_NAME),
+        memory_total=memory_total,
+        memory_used=memory_used,
+        utilization=utilization,
+        processes=processes,
+        cpu_affinity=parent.cpu_affinity,
+        numa_node=parent.numa_node,
+        mig_index=position,
+    )
+
+
+def _kind_name(kind: type) -> str:
+    return {int: "an integer", str: "a string", list: "a list"}.get(kind, kind.__name__)
 
 
 # --- NVML ------------------------------------------------------------------------------------------
@@ -318,7 +282,7 @@ def _cpu_affinity(nv: Any, h: Any) -> tuple[int, ...]:
 
 
 def _numa_node(bus_id: str) -> int | None:
-    """NVML's NUMA query is unsupported on some x86 hosts; sysfs knows (FACTS §3)."""
+    """The GPU's NUMA node from sysfs: NVML's NUMA query is unsupported on some x86 hosts, sysfs always answers."""
     try:
         domain, rest = bus_id.split(":", 1)
         path = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node")

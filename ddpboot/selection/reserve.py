@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpboot.errors import PlanError, UsageError
-from ddpboot.selection.inventory import Inventory
+from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
 from ddpboot.selection.planner import Plan
 

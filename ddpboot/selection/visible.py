@@ -1,6 +1,6 @@
 """Which GPUs this process may use: CUDA_VISIBLE_DEVICES read exactly as CUDA reads it, plus SLURM's GPU ids.
 
-CUDA's rules (FACTS.md §2): entries are integer indices, `GPU-<uuid>` (any unique prefix) or `MIG-<uuid>`; the
+CUDA's rules: entries are integer indices, `GPU-<uuid>` (any unique prefix) or `MIG-<uuid>`; the
 list is cut at the first invalid entry (`1,foo,0` is one device); `''` and `-1` hide every GPU; a duplicate is an
 error (CUDA fails with error 101). Integer indices follow CUDA_DEVICE_ORDER: PCI_BUS_ID makes them nvidia-smi
 indices; the default FASTEST_FIRST agrees with PCI order only when all GPUs are the same model.
@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ddpboot.errors import VisibilityError
-from ddpboot.selection.inventory import GPU, Inventory
+
+if TYPE_CHECKING:  # the worker imports this module inside every rank: only what it needs at run time
+    from ddpboot.selection.gpu import GPU, Inventory
 
 _INT = re.compile(r"^\d+$")
 
@@ -93,6 +96,13 @@ def match_uuid(prefix: str, units: Sequence[GPU], what: str) -> GPU | None:
     return hits[0] if hits else None
 
 
+def match_unit(prefix: str, inventory: Inventory, what: str) -> GPU | None:
+    """The GPU or MIG instance a UUID (or prefix) names. A `GPU-` prefix names a whole GPU first, so that the UUID
+    of a MIG-enabled GPU stands for all its instances (through `GPU.units()`)."""
+    whole = match_uuid(prefix, inventory.gpus, what) if prefix.startswith("GPU-") else None
+    return whole or match_uuid(prefix, inventory.units(), what)
+
+
 def resolve_visible(inventory: Inventory, env: Mapping[str, str]) -> Visible:
     """Resolve CUDA_VISIBLE_DEVICES (and SLURM's renumbering) against the inventory."""
     raw = env.get("CUDA_VISIBLE_DEVICES")
@@ -124,7 +134,6 @@ def resolve_visible(inventory: Inventory, env: Mapping[str, str]) -> Visible:
             f"{', '.join(str(g) for g in sorted(slurm_ids))} (SLURM_STEP_GPUS/SLURM_JOB_GPUS)"
         )
 
-    all_units = inventory.units()
     picked: list[GPU] = []
     for entry in entries:
         units: tuple[GPU, ...]
@@ -136,18 +145,16 @@ def resolve_visible(inventory: Inventory, env: Mapping[str, str]) -> Visible:
                     "ignores it and every entry after it"
                 )
                 break
-            gpu = enumeration[i]
-            units = gpu.mig_devices if gpu.mig_enabled else (gpu,)
+            units = enumeration[i].units()
         else:
-            whole = match_uuid(entry, inventory.gpus, "CUDA_VISIBLE_DEVICES") if entry.startswith("GPU-") else None
-            unit = whole or match_uuid(entry, all_units, "CUDA_VISIBLE_DEVICES")
+            unit = match_unit(entry, inventory, "CUDA_VISIBLE_DEVICES")
             if unit is None:
                 notes.append(
                     f"CUDA_VISIBLE_DEVICES={raw!r}: no GPU has UUID {entry!r}, "
                     "so CUDA ignores it and every entry after it"
                 )
                 break
-            units = unit.mig_devices if unit.mig_enabled else (unit,)
+            units = unit.units()
         for u in units:
             if any(p.uuid == u.uuid for p in picked):
                 raise VisibilityError(

@@ -8,30 +8,21 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support import REPO, clean_env, ddpboot_exe, run_ddpboot
+from tests.support import REPO, clean_env, ddpboot_exe, run_ddpboot, wait_for
 
 HOLD = str(REPO / "tests" / "process" / "scripts" / "hold_gpus.py")
 
 
-def wait_for(what: str, done: Callable[[], Any], deadline_s: float = 30) -> Any:
-    deadline = time.monotonic() + deadline_s
-    while not (result := done()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {deadline_s} s waiting for {what}")
-        time.sleep(0.02)
-    return result
-
-
 def start(out: Path, tag: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*ddpboot_exe(), *args, HOLD, str(out), tag], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [*ddpboot_exe(), *args, HOLD, str(out), tag],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
 
@@ -55,8 +46,8 @@ def test_jobs_started_together_get_disjoint_gpus_every_time(tmp_path: Path, env:
         out.mkdir()
         jobs = [start(out, tag, "--nproc", "2", env=env) for tag in ("a", "b")]
         try:
-            a = wait_for("job a's workers", lambda out=out: got(out, "a", 2))
-            b = wait_for("job b's workers", lambda out=out: got(out, "b", 2))
+            a = wait_for(lambda out=out: got(out, "a", 2), 30, "job a's workers")
+            b = wait_for(lambda out=out: got(out, "b", 2), 30, "job b's workers")
             assert len(set(a) | set(b)) == 4, f"attempt {attempt}: jobs share GPUs: {a} {b}"
         finally:
             (out / "release").touch()
@@ -70,8 +61,8 @@ def test_a_waiting_job_starts_when_gpus_are_released(tmp_path: Path, env: dict[s
     b = start(tmp_path, "b", "--nproc", "2", env=env)
     c = None
     try:
-        held_a = wait_for("job a", lambda: got(tmp_path, "a", 2))
-        wait_for("job b", lambda: got(tmp_path, "b", 2))
+        held_a = wait_for(lambda: got(tmp_path, "a", 2), 30, "job a")
+        wait_for(lambda: got(tmp_path, "b", 2), 30, "job b")
         c = start(tmp_path, "c", "--nproc", "2", "--wait-for-gpus", "60", env=env)
         assert c.stderr is not None
         line = c.stderr.readline()  # the progress line comes before anything starts
@@ -79,7 +70,7 @@ def test_a_waiting_job_starts_when_gpus_are_released(tmp_path: Path, env: dict[s
         assert got(tmp_path, "c", 1) is None
         (tmp_path / "release.a").touch()
         assert a.wait(timeout=60) == 0
-        held_c = wait_for("job c to start on job a's GPUs", lambda: got(tmp_path, "c", 2))
+        held_c = wait_for(lambda: got(tmp_path, "c", 2), 30, "job c to start on job a's GPUs")
         assert sorted(held_c) == sorted(held_a)
     finally:
         (tmp_path / "release").touch()
@@ -91,7 +82,7 @@ def test_a_waiting_job_starts_when_gpus_are_released(tmp_path: Path, env: dict[s
 def test_a_killed_launchers_gpus_are_free_at_once(tmp_path: Path, env: dict[str, str]) -> None:
     a = start(tmp_path, "a", "--nproc", "4", env=env)
     try:
-        wait_for("job a", lambda: got(tmp_path, "a", 4))
+        wait_for(lambda: got(tmp_path, "a", 4), 30, "job a")
         busy = run_ddpboot("plan", "--nproc", "1", env=env)
         assert busy.returncode == 2 and "locked by" in busy.stderr
         os.kill(a.pid, signal.SIGKILL)
@@ -100,7 +91,7 @@ def test_a_killed_launchers_gpus_are_free_at_once(tmp_path: Path, env: dict[str,
         def free() -> bool:
             return run_ddpboot("plan", "--nproc", "4", "--json", env=env).returncode == 0
 
-        wait_for("the killed job's GPUs to be free", free, deadline_s=10)
+        wait_for(free, 10, "the killed job's GPUs to be free")
     finally:
         (tmp_path / "release").touch()
 
@@ -108,7 +99,7 @@ def test_a_killed_launchers_gpus_are_free_at_once(tmp_path: Path, env: dict[str,
 def test_explicit_locked_gpu_names_the_holder_unless_shared(tmp_path: Path, env: dict[str, str]) -> None:
     a = start(tmp_path, "a", "--gpus", "2", env=env)
     try:
-        wait_for("job a", lambda: got(tmp_path, "a", 1))
+        wait_for(lambda: got(tmp_path, "a", 1), 30, "job a")
         refused = run_ddpboot("--gpus", "2", HOLD, str(tmp_path), "b", env=env)
         assert refused.returncode == 2
         assert "GPU 2 is locked by another ddpboot job" in refused.stderr and f"pid {a.pid}" in refused.stderr

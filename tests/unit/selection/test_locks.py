@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.locks import (
     GpusLockedError,
@@ -18,10 +17,10 @@ from ddpboot.selection.locks import (
     acquire,
     check_lock_dir,
     current_holders,
+    lock_dir,
+    me,
     prepare_lock_dir,
 )
-from ddpboot.selection.planner import Request, make_plan
-from ddpboot.selection.reserve import parse_wait, reserve
 
 INV = fake_inventory("4")
 U = [g.uuid for g in INV.gpus]
@@ -123,82 +122,19 @@ def test_not_a_directory(tmp_path: Path) -> None:
         check_lock_dir(f)
 
 
-# --- planning around locks and reserving -----------------------------------------------------------
+def test_lock_dir_comes_from_the_environment() -> None:
+    assert lock_dir({"DDPBOOT_LOCK_DIR": "/srv/locks"}) == Path("/srv/locks")
+    assert lock_dir({}) == Path("/tmp/ddpboot-locks")
 
 
-def plan_with(req: Request):  # type: ignore[no-untyped-def]
-    return lambda inv, locked: make_plan(req, inv, {}, allowed_cpus=[0], locked=locked)
+def test_holder_descriptions() -> None:
+    assert Holder("ann", 12, "ddpboot x.py").describe() == "ann (pid 12, `ddpboot x.py`, since ?)"
+    mine = me(["/opt/bin/ddpboot", "--nproc", "2", "train.py"])
+    assert mine.command == "ddpboot --nproc 2 train.py" and mine.pid == os.getpid() and mine.since > 0
 
 
-def test_automatic_choice_skips_locked_gpus(lockdir: Path) -> None:
-    first, l1 = reserve(lambda: INV, plan_with(Request(nproc="2")), lockdir)
-    second, l2 = reserve(lambda: INV, plan_with(Request(nproc="2")), lockdir)
-    got1 = [g.index for r in first.ranks for g in r.gpus]
-    got2 = [g.index for r in second.ranks for g in r.gpus]
-    assert got1 == [0, 1] and got2 == [2, 3]
-    with pytest.raises(PlanError, match="locked by"):
-        reserve(lambda: INV, plan_with(Request(nproc="1")), lockdir)
-    assert l1 and l2
-    l1.release()
-    l2.release()
-
-
-def test_explicit_gpu_that_is_locked_names_the_holder_unless_shared(lockdir: Path) -> None:
-    held = acquire([U[2]], lockdir, Holder("bob", 77, "ddpboot big.py", 1.0))
-    with pytest.raises(PlanError, match=r"GPU 2 is locked by another ddpboot job: bob \(pid 77"):
-        reserve(lambda: INV, plan_with(Request(gpus="2")), lockdir)
-    plan, locks = reserve(lambda: INV, plan_with(Request(gpus="2,3", share=True)), lockdir, share=True)
-    assert [r.gpus[0].index for r in plan.ranks] == [2, 3]
-    assert locks is not None and locks.uuids == (U[3],)  # the shared GPU's lock stays with its holder
-    locks.release()
-    held.release()
-
-
-def test_waiting_starts_when_gpus_are_released(lockdir: Path) -> None:
-    blocker = acquire(U, lockdir)
-    said: list[str] = []
-    now = [0.0]
-
-    def sleep(s: float) -> None:  # the clock the reservation reads; the blocker ends after the first wait
-        now[0] += s
-        blocker.release()
-
-    plan, locks = reserve(
-        lambda: INV,
-        plan_with(Request(nproc="3")),
-        lockdir,
-        wait=60,
-        progress=said.append,
-        clock=lambda: now[0],
-        sleep=sleep,
-    )
-    assert len(plan.ranks) == 3 and locks is not None
-    assert said and said[0].startswith("waiting for GPUs:") and "locked by" in said[0]
-    locks.release()
-
-
-def test_waiting_gives_up_at_the_deadline(lockdir: Path) -> None:
-    blocker = acquire(U, lockdir)
-    now = [0.0]
-
-    def sleep(s: float) -> None:
-        now[0] += s
-
-    with pytest.raises(PlanError, match="need 1 free GPU"):
-        reserve(lambda: INV, plan_with(Request(nproc="1")), lockdir, wait=5, clock=lambda: now[0], sleep=sleep)
-    assert now[0] == 5
-    blocker.release()
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("600", 600.0), ("90s", 90.0), ("10m", 600.0), ("2h", 7200.0), ("inf", float("inf")), (None, None)],
-)
-def test_parse_wait(text: str | None, value: float | None) -> None:
-    assert parse_wait(text) == value
-
-
-@pytest.mark.parametrize("text", ["0", "-5", "soon", "", "0m"])
-def test_parse_wait_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match="wait-for-gpus"):
-        parse_wait(text)
+def test_an_unreadable_record_names_an_unknown_holder(lockdir: Path) -> None:
+    with acquire(U[:1], lockdir) as locks:
+        (lockdir / f"gpu-{U[0]}.lock").write_text("not json")
+        assert current_holders(U, lockdir)[U[0]] == Holder()
+        assert locks.uuids == (U[0],)

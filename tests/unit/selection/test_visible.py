@@ -1,20 +1,24 @@
-"""CUDA_VISIBLE_DEVICES is read as CUDA reads it (FACTS.md §2), and resolved against an inventory."""
+"""CUDA_VISIBLE_DEVICES is read as CUDA reads it (the list is cut at the first invalid entry or past-the-end index,
+a duplicate is an error), and resolved against an inventory."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.errors import VisibilityError
-from ddpboot.selection.inventory import GPU, Inventory, fake_inventory
-from ddpboot.selection.visible import parse_visible_devices, resolve_visible
+from ddpboot.selection.gpu import GPU, Inventory
+from ddpboot.selection.inventory import fake_inventory
+from ddpboot.selection.visible import Visible, parse_visible_devices, resolve_visible
 
 
-def labels(vis: object) -> list[str]:
-    return [u.label for u in vis.units]  # type: ignore[attr-defined]
+def labels(vis: Visible) -> list[str]:
+    return [u.label for u in vis.units]
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ def test_indices_keep_cvd_order() -> None:
 
 
 def test_index_past_the_end_cuts_the_list() -> None:
-    vis = resolve_visible(INV2, {"CUDA_VISIBLE_DEVICES": "7,0"})  # FACTS §2: 0 devices on a 2-GPU box
+    vis = resolve_visible(INV2, {"CUDA_VISIBLE_DEVICES": "7,0"})  # CUDA shows 0 devices on a 2-GPU machine
     assert labels(vis) == []
     assert any("index 7 does not exist" in n for n in vis.notes)
     assert labels(resolve_visible(INV2, {"CUDA_VISIBLE_DEVICES": "1,7,0"})) == ["1"]
@@ -172,3 +176,29 @@ def test_any_subset_of_indices_resolves_in_order(perm: list[int], n: int) -> Non
     vis = resolve_visible(INV8, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))})
     assert [u.index for u in vis.units] == chosen
     assert all(re.fullmatch(r"GPU-[0-9a-f-]{36}", u.uuid) for u in vis.units)
+
+
+def test_describe_and_allows() -> None:
+    assert resolve_visible(INV8, {}).describe() == "all GPUs"
+    vis = resolve_visible(INV8, {"CUDA_VISIBLE_DEVICES": "3,1"})
+    assert vis.describe() == "CUDA_VISIBLE_DEVICES='3,1' allows 3, 1"
+    assert vis.allows(INV8.gpus[1]) and not vis.allows(INV8.gpus[0])
+    assert resolve_visible(INV8, {"CUDA_VISIBLE_DEVICES": ""}).describe() == "CUDA_VISIBLE_DEVICES='' allows none"
+
+
+def test_a_cut_list_is_noted() -> None:
+    vis = resolve_visible(INV8, {"CUDA_VISIBLE_DEVICES": "1,foo,0"})
+    assert labels(vis) == ["1"]
+    assert vis.notes == (
+        "CUDA_VISIBLE_DEVICES='1,foo,0': CUDA stops reading at the invalid entry 'foo', so only 1 entry count",
+    )
+
+
+def test_the_worker_can_read_cvd_without_the_inventory() -> None:
+    """Every rank imports visible.py (through the worker API); NVML's inventory must not come with it."""
+    code = (
+        "import sys; import ddpboot.selection.visible as v; assert v.parse_visible_devices('0') == ('0',); "
+        "print(sorted(m for m in sys.modules if m.startswith('ddpboot.selection')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "['ddpboot.selection', 'ddpboot.selection.visible']"

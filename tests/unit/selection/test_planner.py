@@ -1,4 +1,7 @@
-"""The planner on simulated 1-, 2-, 8- and 16-GPU machines, and every bad input it must refuse."""
+"""The planner on simulated 1-, 2-, 8- and 16-GPU machines, and every request it must refuse.
+
+Requests are built as the command line builds them (`parse_request` with the options as typed), so each bad input
+is checked end to end: syntax errors from the parser, impossible plans from the planner."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.errors import DdpbootError, PlanError, UsageError
-from ddpboot.selection.inventory import GPU, Inventory, fake_inventory
-from ddpboot.selection.planner import Plan, Request, make_plan, parse_gpu_list
+from ddpboot.selection.gpu import GPU, Inventory
+from ddpboot.selection.inventory import fake_inventory
+from ddpboot.selection.planner import Plan, busy_reasons, make_plan
+from ddpboot.selection.request import parse_request
 
 GIB = 1024**3
 NONE = Inventory((), "none", ("no NVIDIA driver found",))
@@ -28,7 +33,7 @@ def indices(plan: Plan) -> list[list[str]]:
 
 
 def plan(inv: Inventory, env: dict[str, str] | None = None, cpu_count: int = 4, **req: Any) -> Plan:
-    return make_plan(Request(**req), inv, env or {}, cpu_count=cpu_count)
+    return make_plan(parse_request(**req), inv, env or {}, cpu_count=cpu_count)
 
 
 # --- choosing GPUs ---------------------------------------------------------------------------------
@@ -257,24 +262,6 @@ def test_gpu_requests_on_a_machine_without_gpus() -> None:
         plan(NONE, gpus="0")
 
 
-@given(
-    st.lists(
-        st.sampled_from(["1", "2-4", "GPU-ab", "0000:18:00.0", "3:1", "", "a-b", "1-", "x", " 5 "]),
-        min_size=1,
-        max_size=5,
-    )
-)
-def test_list_parser_accepts_exactly_the_valid_forms(parts: list[str]) -> None:
-    text = ",".join(parts)
-    bad = [p for p in parts if p.strip() in ("", "a-b", "1-", "x")]
-    if bad:
-        with pytest.raises(UsageError):
-            parse_gpu_list(text, "--gpus")
-    else:
-        tokens = parse_gpu_list(text, "--gpus")
-        assert len(tokens) == sum(3 if p == "2-4" else 1 for p in parts)
-
-
 @given(st.integers(1, 16), st.integers(1, 4), st.sets(st.integers(0, 15), max_size=16), st.data())
 def test_plans_never_share_a_gpu_and_respect_exclusions(n: int, k: int, excl: set[int], data: Any) -> None:
     inv = machine(16, {i: {"memory_used": data.draw(st.sampled_from([0, 10 * GIB]))} for i in range(16)})
@@ -289,3 +276,131 @@ def test_plans_never_share_a_gpu_and_respect_exclusions(n: int, k: int, excl: se
     assert len(used) == len(set(used)) == n * k
     assert not set(used) & excl
     assert all(inv.gpus[i].memory_used == 0 for i in used)
+
+
+@given(st.permutations(list(range(8))), st.integers(1, 8), st.sampled_from(["rank", "node"]))
+def test_named_gpus_keep_their_order_under_either_isolation(perm: list[int], n: int, isolation: str) -> None:
+    named = perm[:n]
+    p = plan(machine(8), gpus=",".join(map(str, named)), isolation=isolation)
+    assert [r.gpus[0].index for r in p.ranks] == named
+    assert [r.local_rank for r in p.ranks] == list(range(n)) and p.world_size == n
+    if isolation == "rank":
+        assert all(r.device == "cuda:0" and r.cuda_visible_devices == r.gpus[0].uuid for r in p.ranks)
+    else:
+        assert [r.device for r in p.ranks] == [f"cuda:{i}" for i in range(n)]
+        assert {r.cuda_visible_devices for r in p.ranks} == {",".join(r.gpus[0].uuid for r in p.ranks)}
+
+
+@given(st.integers(1, 8), st.integers(1, 4), st.data())
+def test_global_ranks_are_contiguous_per_node(n: int, nnodes: int, data: Any) -> None:
+    node_rank = data.draw(st.integers(0, nnodes - 1))
+    p = plan(NONE, nproc=str(n), nnodes=nnodes, node_rank=node_rank)
+    assert [r.rank for r in p.ranks] == list(range(node_rank * n, (node_rank + 1) * n))
+    assert p.world_size == n * nnodes and p.local_world_size == n
+
+
+# --- CPU ranks and their notes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("inv", "env", "req", "count", "note"),
+    [
+        (NONE, {}, {}, 1, "1 CPU rank (gloo): this machine has no GPUs"),
+        (NONE, {}, {"nproc": "auto"}, 4, "4 CPU ranks (gloo): this machine has no GPUs"),
+        (machine(2), {}, {"cpu": True}, 1, "1 CPU rank (gloo): --cpu asked for CPU ranks"),
+        (machine(2), {}, {"cpu": True, "nproc": "auto"}, 4, "--cpu asked for CPU ranks"),
+        (machine(2), {}, {"cpu": True, "nproc": "cpu"}, 4, "--cpu asked for CPU ranks"),
+        (machine(2), {}, {"nproc": "cpu"}, 4, "4 CPU ranks (gloo): --nproc cpu asked for one CPU rank per core"),
+        (machine(2), {"CUDA_VISIBLE_DEVICES": "-1"}, {"nproc": "auto"}, 4, "CUDA_VISIBLE_DEVICES='-1' hides every"),
+    ],
+)
+def test_cpu_ranks_say_why(inv: Inventory, env: dict[str, str], req: dict[str, Any], count: int, note: str) -> None:
+    p = plan(inv, env, cpu_count=4, **req)
+    assert p.backend == "gloo" and len(p.ranks) == count
+    assert all(r.device == "cpu" and r.cuda_visible_devices == "" and r.gpus == () for r in p.ranks)
+    assert any(note in n for n in p.notes), p.notes
+
+
+def test_inventory_and_visibility_notes_come_first() -> None:
+    p = plan(NONE, nproc="2")
+    assert p.notes[0] == "no NVIDIA driver found" and p.notes[-1].startswith("2 CPU ranks")
+
+
+# --- locks and busy GPUs ---------------------------------------------------------------------------
+
+
+def test_busy_reasons_name_every_reason() -> None:
+    gpu = machine(1, {0: {"memory_used": GIB, "utilization": 50, "processes": (1, 2)}}).gpus[0]
+    req = parse_request(max_used_memory=512 * 2**20, max_util=10)
+    assert busy_reasons(gpu, req, {gpu.uuid: "bob"}) == [
+        "locked by bob",
+        "1.0 GiB used > 512.0 MiB",
+        "50% busy > 10%",
+        "2 processes running",
+    ]
+    assert busy_reasons(machine(1).gpus[0], req) == []
+
+
+def test_locked_gpus_are_skipped_even_by_nproc_gpu() -> None:
+    inv = machine(4, {1: {"utilization": 90}})
+    locked = {inv.gpus[0].uuid: "alice (pid 1)"}
+    auto = make_plan(parse_request(nproc="2"), inv, {}, cpu_count=1, locked=locked)
+    assert indices(auto) == [["2"], ["3"]]
+    every = make_plan(parse_request(nproc="gpu"), inv, {}, cpu_count=1, locked=locked)
+    assert indices(every) == [["1"], ["2"], ["3"]]  # busy 1 is used, locked 0 is not
+    with pytest.raises(PlanError, match=r"locked by another ddpboot job: alice \(pid 1\)"):
+        make_plan(parse_request(gpus="0"), inv, {}, cpu_count=1, locked=locked)
+    shared = make_plan(parse_request(gpus="0", share=True), inv, {}, cpu_count=1, locked=locked)
+    assert indices(shared) == [["0"]] and any("locked by alice" in n for n in shared.notes)
+
+
+def test_shortage_explains_everything() -> None:
+    inv = machine(4, {1: {"processes": (7,)}})
+    with pytest.raises(PlanError) as err:
+        plan(inv, {"CUDA_VISIBLE_DEVICES": "0,1,2"}, nproc="2", exclude="0")
+    assert str(err.value) == (
+        "2 ranks × 1 GPU need 2 free GPUs, but only 1 is free (2); this machine has 4 GPUs: 0, 1, 2, 3; "
+        "busy: 1 (1 process running); excluded: 0; CUDA_VISIBLE_DEVICES='0,1,2' allows 0, 1, 2. Ask for fewer "
+        "ranks, name GPUs with --gpus (busy ones included), or raise --max-used-memory / --max-util."
+    )
+
+
+def test_leftover_gpus_are_noted() -> None:
+    p = plan(machine(5), nproc="gpu", gpus_per_proc=2)
+    assert indices(p) == [["0", "1"], ["2", "3"]]
+    assert "1 GPU(s) left unused: 5 GPUs do not split into groups of 2" in p.notes
+
+
+# --- more refusals ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("inv", "env", "req", "kind", "match"),
+    [
+        (NONE, {}, {"gpus_per_proc": 2}, PlanError, "--gpus-per-proc 2 asks for GPUs, but this machine has none"),
+        (machine(2), {}, {"cpu": True, "gpus_per_proc": 2}, UsageError, "needs GPUs, but --cpu asked"),
+        (machine(2), {}, {"nproc": "auto", "exclude": "0-1"}, PlanError, "--exclude 0-1 leaves no GPU to run on"),
+        (machine(2), {}, {"nproc": "auto", "gpus_per_proc": 3}, PlanError, "1 rank × 3 GPUs need 3 free GPUs"),
+        (machine(4), {"CUDA_VISIBLE_DEVICES": "0,1"}, {"exclude": "0,1"}, PlanError, "and CUDA_VISIBLE_DEVICES="),
+        (machine(2, {0: {"utilization": 50}, 1: {"utilization": 50}}), {}, {"nproc": "auto"}, PlanError, "busy: 0"),
+        (machine(2), {"CUDA_VISIBLE_DEVICES": ""}, {"gpus_per_proc": 2}, PlanError, "hides every GPU"),
+        (machine(4), {}, {"gpus": "0", "exclude": "0"}, UsageError, "GPU 0 is both listed in --gpus 0"),
+    ],
+)
+def test_more_bad_requests(
+    inv: Inventory, env: dict[str, str], req: dict[str, Any], kind: type[DdpbootError], match: str
+) -> None:
+    with pytest.raises(kind, match=match):
+        plan(inv, env, **req)
+
+
+def test_plan_json() -> None:
+    p = plan(machine(2), nproc="2", cpu_affinity="0-3")
+    data = p.to_json()
+    assert (data["world_size"], data["local_world_size"], data["isolation"], data["backend"]) == (2, 2, "rank", "nccl")
+    assert (data["inventory"], data["visible"]) == ("fake", "all GPUs")
+    assert [(r["rank"], r["device"], r["cpus"], r["omp_threads"]) for r in data["ranks"]] == [
+        (0, "cuda:0", [0, 1], 2),
+        (1, "cuda:0", [2, 3], 2),
+    ]
+    assert data["ranks"][1]["gpus"][0]["index"] == 1

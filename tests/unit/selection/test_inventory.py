@@ -116,7 +116,7 @@ def stub_nvml(monkeypatch: pytest.MonkeyPatch, *, init_fails: bool = False, brok
         return i
 
     def memory(h: int, version: int = 1) -> Any:
-        used = 0 if version == 2 else 615 * 2**20  # v1 counts reserved memory as used (FACTS §3)
+        used = 0 if version == 2 else 615 * 2**20  # v1 counts the driver's reserved memory as used
         return types.SimpleNamespace(total=141 * 2**30, used=used)
 
     def util(h: int) -> Any:
