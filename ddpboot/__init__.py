@@ -19,21 +19,6 @@ import typing as _typing
 
 __version__ = "0.1.0"
 
-_WORKER_NAMES = (
-    "Context",
-    "DdpbootWarning",
-    "barrier",
-    "context",
-    "init",
-    "is_main",
-    "load",
-    "main_first",
-    "print0",
-    "sampler",
-    "shutdown",
-    "wrap",
-)
-
 __all__ = [
     "Context",
     "DdpbootWarning",
@@ -49,6 +34,7 @@ __all__ = [
     "shutdown",
     "wrap",
 ]
+_WORKER_NAMES = frozenset(__all__) - {"__version__"}  # the names ddpboot.worker exports, loaded on first use
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__ below
     from ddpboot.worker import (

@@ -2,15 +2,16 @@
 
 `detect_environment(env)` asks each environment in order and builds the first that recognises `env`:
 
-1. torchrun contract (`TorchrunEnvironment`): TORCHELASTIC_RUN_ID is set, or all of RANK, WORLD_SIZE, MASTER_ADDR
-   and MASTER_PORT are. This covers torchrun, ddpboot's own launcher (which gives its workers the torchrun
-   contract) and hand-made env:// launches. It comes first because those workers often run inside a SLURM step
-   too (one launcher per node under srun) and inherit SLURM_PROCID etc. that describe the launcher, not them;
-   Lightning and idr_torch decide the same way, by TORCHELASTIC_RUN_ID.
+1. torchrun contract: TORCHELASTIC_RUN_ID is set, or all of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are.
+   With DDPBOOT_ISOLATION set too, ddpboot's own launcher started the process (`DdpbootEnvironment`, which reads
+   the variables it adds); otherwise torchrun or a hand-made env:// launch did (`TorchrunEnvironment`). This comes
+   first because those workers often run inside a SLURM step too (one launcher per node under srun) and inherit
+   SLURM_PROCID etc. that describe the launcher, not them; Lightning and idr_torch decide the same way, by
+   TORCHELASTIC_RUN_ID.
 2. SLURM, one task per rank (`SlurmEnvironment`): a srun step (numeric SLURM_STEP_ID / SLURM_STEPID) with
    SLURM_PROCID set and more than one task (SLURM_STEP_NUM_TASKS, else SLURM_NTASKS). The batch script of an
    sbatch job has SLURM_PROCID=0 and SLURM_NTASKS>1 but no step id, so it is not mistaken for rank 0.
-3. Otherwise None: a plain single process.
+3. Otherwise None: a plain single process (the worker then uses `LocalEnvironment`).
 
 Everything here is a pure function of the mapping passed in; only `detect_environment` defaults to os.environ.
 A detected environment whose variables are missing or contradictory raises `ddpboot.errors.WorkerEnvError`
@@ -23,7 +24,9 @@ import os
 from collections.abc import Mapping
 
 from ddpboot.cluster.base import ClusterEnvironment
+from ddpboot.cluster.ddpboot_launcher import DdpbootEnvironment, split_uuids
 from ddpboot.cluster.hostlist import MAX_HOSTS, expand_hostlist, first_host
+from ddpboot.cluster.local import LocalEnvironment
 from ddpboot.cluster.slurm import (
     SlurmEnvironment,
     SlurmNodeInfo,
@@ -34,7 +37,7 @@ from ddpboot.cluster.slurm import (
 )
 from ddpboot.cluster.torchrun import TorchrunEnvironment
 
-ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (TorchrunEnvironment, SlurmEnvironment)
+ENVIRONMENTS: tuple[type[ClusterEnvironment], ...] = (DdpbootEnvironment, TorchrunEnvironment, SlurmEnvironment)
 """Detection order: the first whose `detect` is true wins."""
 
 
@@ -52,6 +55,8 @@ __all__ = [
     "ENVIRONMENTS",
     "MAX_HOSTS",
     "ClusterEnvironment",
+    "DdpbootEnvironment",
+    "LocalEnvironment",
     "SlurmEnvironment",
     "SlurmNodeInfo",
     "TorchrunEnvironment",
@@ -62,4 +67,5 @@ __all__ = [
     "in_srun_step",
     "parse_tasks_per_node",
     "slurm_node_info",
+    "split_uuids",
 ]

@@ -13,17 +13,39 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from ddpboot.contract import Isolation
 from ddpboot.errors import WorkerEnvError
 
 
 class ClusterEnvironment(abc.ABC):
     """Where this process's ranks, sizes and rendezvous address come from (torchrun variables, SLURM, ...).
 
-    Adding a source (LSF, Kubernetes, ...) is one new subclass: a `detect` that says whether its launcher started
-    this process, and a constructor that reads and checks the eight values below (`self._world_size`, ...).
+    Adding a source (LSF, Kubernetes, ...) is one new subclass, listed in `ddpboot.cluster.ENVIRONMENTS`: a `detect`
+    that says whether its launcher started this process, and a constructor that reads and checks the eight values
+    below (`self._world_size`, ...). The class attributes and the accessors after them tell the worker API
+    (`ddpboot.init()`) how to join the job; their defaults fit a launcher that gives no torchrun variables, lets
+    each process see the node's GPUs and uses GPU number `local_rank`.
     """
 
     name: ClassVar[str]
+    """Which launcher this is, as `ddpboot.Context.launcher` reports it."""
+
+    local_rank_var: ClassVar[str] = "LOCAL_RANK"
+    """The variable that says which visible GPU is this process's; the worker's messages name it."""
+
+    exports_contract: ClassVar[bool] = True
+    """Whether the worker must export torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK, ...) itself before it
+    joins with `init_method="env://"`: true unless the launcher already set them."""
+
+    joins_group: ClassVar[bool] = True
+    """Whether the process joins a process group; false only for a single process that no launcher started."""
+
+    narrows_visible_devices: ClassVar[bool] = False
+    """Whether a process may see every GPU of its node and must narrow CUDA_VISIBLE_DEVICES to its own one before
+    CUDA starts (`own_visible_devices` says to what)."""
+
+    task_noun: ClassVar[str] = "process"
+    """What the worker's messages call one process of this launcher."""
 
     @classmethod
     @abc.abstractmethod
@@ -83,6 +105,28 @@ class ClusterEnvironment(abc.ABC):
     def main_port(self) -> int:
         """Port of the rendezvous store (MASTER_PORT)."""
         return self._main_port
+
+    @property
+    def device_index(self) -> int:
+        """Which of the GPUs this process sees is its own (LOCAL_RANK's meaning); by default its local rank."""
+        return self._local_rank
+
+    @property
+    def isolation(self) -> Isolation | None:
+        """How ddpboot's launcher isolated this process's GPUs; None for launchers that do not."""
+        return None
+
+    @property
+    def assigned_gpus(self) -> tuple[str, ...]:
+        """UUIDs of the GPUs the launcher assigned to this process; empty when it does not say."""
+        return ()
+
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        """The CUDA_VISIBLE_DEVICES value that leaves this process only its own GPU, or None to leave the variable
+        alone. `entries`: the variable's entries (None when unset); `visible_count`: how many GPUs it shows.
+        Asked only when `narrows_visible_devices` is true."""
+        del entries, visible_count
+        return None
 
     def describe(self) -> str:
         """One line for logs and `ddpboot plan`."""

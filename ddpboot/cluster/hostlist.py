@@ -109,46 +109,69 @@ def _parse(expr: str) -> list[_Item]:
 
 def _split_items(expr: str) -> list[tuple[int, int]]:
     """(start, end) offsets of the items of `expr`, with the bracket and separator checks done on the way."""
-    spans: list[tuple[int, int]] = []
-    start: int | None = None  # start of the item being read
-    open_at: int | None = None  # position of the '[' we are inside
-    item_since_comma = False
-    last_comma = -1
-    for i, ch in enumerate(expr):
-        if open_at is not None:
-            if ch == "[":
-                raise _error(expr, i, "'[' inside brackets (groups cannot nest)")
-            if ch == "]":
-                open_at = None
-            elif ch.isspace():
-                raise _error(expr, i, "whitespace inside brackets")
-            continue
-        if ch == "," or ch.isspace():
-            if start is not None:
-                spans.append((start, i))
-                start = None
-            if ch == ",":
-                if not item_since_comma:
-                    raise _error(expr, i, "empty item before ','")
-                item_since_comma = False
-                last_comma = i
-            continue
-        if ch == "]":
-            raise _error(expr, i, "']' without a matching '['")
-        if start is None:
-            start = i
-            item_since_comma = True
+    return _ItemSplitter(expr).split()
+
+
+class _ItemSplitter:
+    """One left-to-right pass over a host list: where each item starts and ends, and whether the brackets and
+    separators between them are well formed. Each character is handled by the state it is read in: inside a
+    bracket group, as a separator, or as part of an item."""
+
+    def __init__(self, expr: str) -> None:
+        self.expr = expr
+        self.spans: list[tuple[int, int]] = []
+        self.start: int | None = None  # start of the item being read
+        self.open_at: int | None = None  # position of the '[' we are inside
+        self.item_since_comma = False
+        self.last_comma = -1
+
+    def split(self) -> list[tuple[int, int]]:
+        for i, ch in enumerate(self.expr):
+            if self.open_at is not None:
+                self._in_brackets(i, ch)
+            elif ch == "," or ch.isspace():
+                self._separator(i, ch)
+            else:
+                self._in_item(i, ch)
+        return self._finish()
+
+    def _in_brackets(self, i: int, ch: str) -> None:
         if ch == "[":
-            open_at = i
-    if open_at is not None:
-        raise _error(expr, open_at, "'[' is never closed")
-    if start is not None:
-        spans.append((start, len(expr)))
-    if not spans:
-        raise _error(expr, 0, "empty host list")
-    if not item_since_comma:
-        raise _error(expr, last_comma, "empty item after ','")
-    return spans
+            raise _error(self.expr, i, "'[' inside brackets (groups cannot nest)")
+        if ch == "]":
+            self.open_at = None
+        elif ch.isspace():
+            raise _error(self.expr, i, "whitespace inside brackets")
+
+    def _separator(self, i: int, ch: str) -> None:
+        if self.start is not None:
+            self.spans.append((self.start, i))
+            self.start = None
+        if ch == ",":
+            if not self.item_since_comma:
+                raise _error(self.expr, i, "empty item before ','")
+            self.item_since_comma = False
+            self.last_comma = i
+
+    def _in_item(self, i: int, ch: str) -> None:
+        if ch == "]":
+            raise _error(self.expr, i, "']' without a matching '['")
+        if self.start is None:
+            self.start = i
+            self.item_since_comma = True
+        if ch == "[":
+            self.open_at = i
+
+    def _finish(self) -> list[tuple[int, int]]:
+        if self.open_at is not None:
+            raise _error(self.expr, self.open_at, "'[' is never closed")
+        if self.start is not None:
+            self.spans.append((self.start, len(self.expr)))
+        if not self.spans:
+            raise _error(self.expr, 0, "empty host list")
+        if not self.item_since_comma:
+            raise _error(self.expr, self.last_comma, "empty item after ','")
+        return self.spans
 
 
 def _parse_item(expr: str, start: int, end: int) -> _Item:

@@ -1,6 +1,6 @@
 """SLURM: ranks of a task started by `srun`, and node rank/count for one ddpboot launcher per node.
 
-Two launch patterns (FACTS.md §4):
+Two launch patterns:
 
 1. One task per GPU, no launcher: `srun --ntasks-per-node=G python train.py`. Each task is one rank;
    `SlurmEnvironment` reads its ranks from SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID and the step's sizes.
@@ -21,7 +21,7 @@ SLURM_STEP_NODELIST=n1 but SLURM_JOB_NODELIST=n[1-2]), so they are read first.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
 from ddpboot.cluster.base import (
@@ -162,6 +162,9 @@ class SlurmEnvironment(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "slurm"
+    local_rank_var: ClassVar[str] = "SLURM_LOCALID"
+    narrows_visible_devices: ClassVar[bool] = True
+    task_noun: ClassVar[str] = "srun task"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -193,4 +196,20 @@ class SlurmEnvironment(ClusterEnvironment):
 
         self._main_address = slurm_main_address(env)
         self._main_port = slurm_main_port(env)
+        # With --gpus-per-task SLURM gives every task its own list already, whose first entry is the task's GPU.
+        self._gpus_per_task = first_set(env, ["SLURM_GPUS_PER_TASK"]) is not None
 
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        """Narrow only when the task sees several GPUs that are the node's (one task per GPU, no `--gpus-per-task`):
+        task SLURM_LOCALID=i then takes entry i of the list (or index i when the variable is unset)."""
+        if self._gpus_per_task or visible_count < 2:
+            return None
+        if visible_count < self._local_world_size:
+            raise WorkerEnvError(
+                f"srun started {self._local_world_size} tasks on this node but this task sees {visible_count} GPUs, "
+                "so they cannot have one GPU each (NCCL refuses two ranks on one GPU). Fix: srun "
+                f"--ntasks-per-node={visible_count}, or give each task its own GPU with --gpus-per-task=1."
+            )
+        if entries is None:
+            return str(self._local_rank)
+        return entries[self._local_rank]

@@ -1,12 +1,12 @@
 """Processes started with the torchrun contract: by torchrun itself, by ddpboot's launcher, or by hand.
 
 torchrun gives every worker RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID (FACTS.md §1); ddpboot's launcher gives the same set.
+MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID (torch.distributed.run's documented worker environment);
+ddpboot's launcher gives the same set (`ddpboot.cluster.ddpboot_launcher` reads what it adds).
 
-One difference: under ddpboot's default "rank isolation" each worker sees only its own GPU, so LOCAL_RANK is
-exported as 0 (scripts calling `set_device(LOCAL_RANK)` then pick that GPU) and the true node-local index is in
-DDPBOOT_LOCAL_RANK. `local_rank` here is always the true index; the device to use is a separate question that the
-worker API answers from CUDA_VISIBLE_DEVICES.
+LOCAL_RANK says which visible GPU is the worker's (`device_index`); `local_rank` is the true node-local index, which
+differs under ddpboot's rank isolation: there each worker sees only its own GPU, LOCAL_RANK is exported as 0 (scripts
+calling `set_device(LOCAL_RANK)` then pick that GPU) and the true index is in DDPBOOT_LOCAL_RANK.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ddpboot.cluster.base import (
     read_int,
     require,
 )
+from ddpboot.contract import LOCAL_RANK_VAR
 from ddpboot.errors import WorkerEnvError
 
 # Together these are what `init_process_group(init_method="env://")` needs; all four set means someone meant to
@@ -47,6 +48,7 @@ class TorchrunEnvironment(ClusterEnvironment):
     """
 
     name: ClassVar[str] = "torchrun"
+    exports_contract: ClassVar[bool] = False
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -61,23 +63,20 @@ class TorchrunEnvironment(ClusterEnvironment):
 
         _, self._local_world_size = read_int(env, "LOCAL_WORLD_SIZE", _CONTEXT, minimum=1)
         check_at_most("LOCAL_WORLD_SIZE", self._local_world_size, "WORLD_SIZE", self._world_size)
-        _, exported_local_rank = read_int(env, "LOCAL_RANK", _CONTEXT)
-        check_below("LOCAL_RANK", exported_local_rank, "LOCAL_WORLD_SIZE", self._local_world_size)
-        true_local = first_set(env, ["DDPBOOT_LOCAL_RANK"])
+        _, self._exported_local_rank = read_int(env, "LOCAL_RANK", _CONTEXT)
+        check_below("LOCAL_RANK", self._exported_local_rank, "LOCAL_WORLD_SIZE", self._local_world_size)
+        true_local = first_set(env, [LOCAL_RANK_VAR])
         if true_local is None:
-            self._local_rank = exported_local_rank
+            self._local_rank = self._exported_local_rank
         else:
-            self._local_rank = parse_int("DDPBOOT_LOCAL_RANK", true_local[1])
-            check_below("DDPBOOT_LOCAL_RANK", self._local_rank, "LOCAL_WORLD_SIZE", self._local_world_size)
+            self._local_rank = parse_int(LOCAL_RANK_VAR, true_local[1])
+            check_below(LOCAL_RANK_VAR, self._local_rank, "LOCAL_WORLD_SIZE", self._local_world_size)
 
         self._nnodes, self._node_rank = self._read_nodes(env)
 
         _, self._main_address = require(env, "MASTER_ADDR", _CONTEXT)
         port_var, port_raw = require(env, "MASTER_PORT", _CONTEXT)
         self._main_port = parse_port(port_var, port_raw)
-
-        isolation = first_set(env, ["DDPBOOT_ISOLATION"])
-        self._isolation = None if isolation is None else isolation[1]
 
     def _read_nodes(self, env: Mapping[str, str]) -> tuple[int, int]:
         """(nnodes, node_rank) from GROUP_WORLD_SIZE / GROUP_RANK, or derived from torchrun's layout."""
@@ -107,12 +106,6 @@ class TorchrunEnvironment(ClusterEnvironment):
         return nnodes, node_rank
 
     @property
-    def launched_by_ddpboot(self) -> bool:
-        """Whether ddpboot's launcher started this process (it always exports DDPBOOT_ISOLATION)."""
-        return self._isolation is not None
-
-    @property
-    def isolation(self) -> str | None:
-        """DDPBOOT_ISOLATION as exported by ddpboot's launcher ("rank" or "node"); None for other launchers."""
-        return self._isolation
-
+    def device_index(self) -> int:
+        """LOCAL_RANK as exported: the index of this worker's GPU among those it sees."""
+        return self._exported_local_rank

@@ -4,12 +4,12 @@ step, and as plain python; each pitfall guard fires on the rank that makes the m
 Every job runs tests/process/scripts/worker_probe.py, which exercises init/wrap/sampler/print0/main_first/load/
 shutdown once per rank and writes a JSON report; one launch checks many things, so the suite stays fast on 2 cores.
 
-"Under ddpboot" is, for now, the launcher's environment contract set by hand (DESIGN.md "Worker environment"):
+"Under ddpboot" is the launcher's worker environment (docs/reference.md, "What every worker gets") set by hand:
 RANK, LOCAL_RANK=0 (rank isolation), WORLD_SIZE, ..., TORCHELASTIC_RUN_ID, CUDA_VISIBLE_DEVICES=<the rank's
 UUID>, DDPBOOT_LOCAL_RANK, DDPBOOT_GPU_UUIDS, DDPBOOT_ISOLATION. The real launcher hosts the TCPStore itself
-(TORCHELASTIC_USE_AGENT_STORE=True); without it, worker rank 0 hosts it (False). Launcher-driven tests come with the
-launcher. On CPU the UUIDs are simulated ones (as with DDPBOOT_FAKE_GPUS), which hide every real GPU, so these tests
-run on CPU/gloo on any machine.
+(TORCHELASTIC_USE_AGENT_STORE=True); without it, worker rank 0 hosts it (False). Jobs the real launcher starts are
+in test_launcher.py. On CPU the UUIDs are simulated ones (as with DDPBOOT_FAKE_GPUS), which hide every real GPU, so
+these tests run on CPU/gloo on any machine.
 
 GPU-only tests are marked `gpu` and skip unless a subprocess sees enough GPUs (pytest's process never touches CUDA).
 """
@@ -197,7 +197,8 @@ def srun_env(rank: int, world: int, job_id: int, **extra: str) -> dict[str, str]
 
 
 def free_job_id() -> int:
-    """A job id whose derived store port (FACTS.md §4) is free here, so the simulated step does not collide."""
+    """A job id whose derived store port (`derive_port`: what every srun task computes without MASTER_PORT) is free
+    here, so the simulated step does not collide."""
     for job_id in range(os.getpid() % 10007 + 40000, 10**6, 7919):
         if port_is_free(derive_port(job_id, 0)):
             return job_id
@@ -324,8 +325,8 @@ def gpu_uuids() -> list[str]:
     code = (
         "import json, torch\n"
         "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
-        "from ddpboot.worker import _cuda_uuid\n"
-        "print(json.dumps([_cuda_uuid(i) for i in range(n)]))\n"
+        "from ddpboot.worker.device import cuda_uuid\n"
+        "print(json.dumps([cuda_uuid(i) for i in range(n)]))\n"
     )
     env = base_env(CUDA_DEVICE_ORDER="PCI_BUS_ID")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT)

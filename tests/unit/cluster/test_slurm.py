@@ -1,4 +1,5 @@
-"""Cluster environments: which launcher started this process, and the ranks it gave it (FACTS.md §1, §4).
+"""SLURM: the ranks of a srun task (`SlurmEnvironment`), which GPU it keeps, and the node layout one ddpboot
+launcher per node reads (`slurm_node_info`).
 
 The SLURM environments below are copied from a real slurm-wlm 22.05 cluster (two emulated nodes n1, n2; job 1 run
 with `sbatch -N2 --ntasks-per-node=2`): the batch script, a task of `srun` (step 0, four tasks) and a task of
@@ -7,14 +8,14 @@ with `sbatch -N2 --ntasks-per-node=2`): the batch script, a task of `srun` (step
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.cluster import (
-    ClusterEnvironment,
     SlurmEnvironment,
     TorchrunEnvironment,
     derive_port,
@@ -25,6 +26,11 @@ from ddpboot.cluster import (
 )
 from ddpboot.cluster.slurm import PORT_BASE, PORT_SPAN
 from ddpboot.errors import UsageError, WorkerEnvError
+
+TorchrunVars = Callable[..., dict[str, str]]
+Layout = Callable[[Any], tuple[int, int, int, int, int, int, str, int]]
+UUID_A = "GPU-8c3f2b1a-0000-1111-2222-333344445555"
+UUID_B = "GPU-9d4e3c2b-6666-7777-8888-99990000aaaa"
 
 # --- measured SLURM environments -------------------------------------------------------------------------
 
@@ -88,45 +94,7 @@ SRUN_ONE_TASK = {
 }
 
 
-def torchrun_env(
-    rank: int = 5, local_rank: int = 1, world_size: int = 8, local_world_size: int = 4, node: int = 1, nnodes: int = 2
-) -> dict[str, str]:
-    """What torchrun gives a worker (FACTS.md §1)."""
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        "GROUP_RANK": str(node),
-        "GROUP_WORLD_SIZE": str(nnodes),
-        "ROLE_RANK": str(rank),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": "10.1.2.3",
-        "MASTER_PORT": "29500",
-        "TORCHELASTIC_RUN_ID": "none",
-        "TORCHELASTIC_RESTART_COUNT": "0",
-    }
-
-
-def layout(env: ClusterEnvironment) -> tuple[int, int, int, int, int, int, str, int]:
-    return (
-        env.global_rank,
-        env.world_size,
-        env.local_rank,
-        env.local_world_size,
-        env.node_rank,
-        env.nnodes,
-        env.main_address,
-        env.main_port,
-    )
-
-
-# --- precedence ------------------------------------------------------------------------------------------
-
-
-def test_plain_process_has_no_environment() -> None:
-    assert detect_environment({}) is None
-    assert detect_environment({"HOME": "/root", "CUDA_VISIBLE_DEVICES": "0"}) is None
+# --- detection ------------------------------------------------------------------------------------------
 
 
 def test_sbatch_script_is_not_rank_0_of_a_step() -> None:
@@ -136,7 +104,7 @@ def test_sbatch_script_is_not_rank_0_of_a_step() -> None:
     assert detect_environment(SBATCH_SCRIPT) is None
 
 
-def test_srun_task_is_a_slurm_rank() -> None:
+def test_srun_task_is_a_slurm_rank(layout: Layout) -> None:
     env = detect_environment(SRUN_TASK)
     assert isinstance(env, SlurmEnvironment)
     assert layout(env) == (3, 4, 1, 2, 1, 2, "n1", derive_port(1, 0))
@@ -147,137 +115,14 @@ def test_one_task_step_is_a_plain_process() -> None:
     assert detect_environment(SRUN_ONE_TASK) is None
 
 
-def test_torchrun_wins_over_slurm_for_workers_of_a_launcher_under_srun() -> None:
+def test_torchrun_wins_over_slurm_for_workers_of_a_launcher_under_srun(
+    torchrun_vars: TorchrunVars, layout: Layout
+) -> None:
     # one launcher per node under srun; its workers inherit the launcher's SLURM_* and get the torchrun contract
-    worker = {**SRUN_LAUNCHER, **torchrun_env(rank=6, local_rank=2, world_size=8, local_world_size=4, node=1)}
+    worker = {**SRUN_LAUNCHER, **torchrun_vars(rank=6, local_rank=2, world_size=8, local_world_size=4, node=1)}
     env = detect_environment(worker)
     assert isinstance(env, TorchrunEnvironment)
     assert layout(env) == (6, 8, 2, 4, 1, 2, "10.1.2.3", 29500)
-
-
-def test_env_init_vars_without_run_id_are_torchrun_style() -> None:
-    env = torchrun_env()
-    del env["TORCHELASTIC_RUN_ID"]
-    assert isinstance(detect_environment(env), TorchrunEnvironment)
-    del env["MASTER_PORT"]  # no longer the env:// contract, and no run id
-    assert detect_environment(env) is None
-
-
-def test_run_id_alone_is_detected_and_then_reports_what_is_missing() -> None:
-    # a half-set torchrun environment fails loudly instead of falling back to a single process
-    with pytest.raises(WorkerEnvError, match=r"WORLD_SIZE is not set.*TORCHELASTIC_RUN_ID"):
-        detect_environment({"TORCHELASTIC_RUN_ID": "abc"})
-
-
-def test_detect_environment_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(("SLURM_", "TORCHELASTIC_", "DDPBOOT_", "PET_")) or name in torchrun_env():
-            monkeypatch.delenv(name)
-    assert detect_environment() is None
-    for name, value in torchrun_env().items():
-        monkeypatch.setenv(name, value)
-    env = detect_environment()
-    assert isinstance(env, TorchrunEnvironment)
-    assert env.global_rank == 5
-
-
-# --- torchrun --------------------------------------------------------------------------------------------
-
-
-def test_torchrun_values() -> None:
-    env = TorchrunEnvironment(torchrun_env())
-    assert layout(env) == (5, 8, 1, 4, 1, 2, "10.1.2.3", 29500)
-    assert not env.launched_by_ddpboot
-    assert env.isolation is None
-    assert "rank 5/8" in env.describe()
-
-
-def test_rank_isolation_reports_the_true_local_rank() -> None:
-    # ddpboot exports LOCAL_RANK=0 under rank isolation; the true node-local index is DDPBOOT_LOCAL_RANK
-    env = TorchrunEnvironment(
-        {**torchrun_env(rank=7, local_rank=0), "DDPBOOT_LOCAL_RANK": "3", "DDPBOOT_ISOLATION": "rank"}
-    )
-    assert env.local_rank == 3
-    assert env.launched_by_ddpboot
-    assert env.isolation == "rank"
-
-
-def test_node_isolation_local_rank_is_local_rank() -> None:
-    env = TorchrunEnvironment({**torchrun_env(), "DDPBOOT_LOCAL_RANK": "1", "DDPBOOT_ISOLATION": "node"})
-    assert (env.local_rank, env.isolation) == (1, "node")
-
-
-def test_group_variables_are_derived_from_torchrun_layout_when_absent() -> None:
-    env = torchrun_env(rank=5, local_rank=1, world_size=8, local_world_size=4)
-    del env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]
-    t = TorchrunEnvironment(env)
-    assert (t.node_rank, t.nnodes) == (1, 2)
-
-
-def test_group_world_size_cannot_be_derived_for_uneven_nodes() -> None:
-    env = torchrun_env(rank=5, local_rank=1, world_size=6, local_world_size=4)
-    del env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]
-    with pytest.raises(WorkerEnvError, match=r"GROUP_WORLD_SIZE is not set.*WORLD_SIZE=6.*LOCAL_WORLD_SIZE=4"):
-        TorchrunEnvironment(env)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"RANK": "8"}, "RANK=8 is not below WORLD_SIZE=8"),
-        ({"RANK": "x"}, "RANK='x' is not an integer"),
-        ({"RANK": "-1"}, "RANK='-1' is not an integer"),
-        ({"RANK": ""}, "RANK is not set"),
-        ({"RANK": None}, "RANK is not set"),
-        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be at least 1"),
-        ({"LOCAL_RANK": "4"}, "LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4"),
-        ({"LOCAL_RANK": None}, "LOCAL_RANK is not set"),
-        ({"LOCAL_WORLD_SIZE": None}, "LOCAL_WORLD_SIZE is not set"),
-        ({"LOCAL_WORLD_SIZE": "16"}, "LOCAL_WORLD_SIZE=16 is larger than WORLD_SIZE=8"),
-        ({"DDPBOOT_LOCAL_RANK": "4"}, "DDPBOOT_LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4"),
-        ({"DDPBOOT_LOCAL_RANK": "one"}, "DDPBOOT_LOCAL_RANK='one'"),
-        ({"GROUP_RANK": "2"}, "GROUP_RANK=2 is not below GROUP_WORLD_SIZE=2"),
-        ({"GROUP_WORLD_SIZE": "9"}, "GROUP_WORLD_SIZE=9 is larger than WORLD_SIZE=8"),
-        ({"GROUP_RANK": None, "GROUP_WORLD_SIZE": "1"}, "RANK // LOCAL_WORLD_SIZE=1 is not below GROUP_WORLD_SIZE"),
-        ({"MASTER_ADDR": None}, "MASTER_ADDR is not set"),
-        ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a TCP port"),
-        ({"MASTER_PORT": "0"}, "MASTER_PORT='0' must be at least 1"),
-        ({"MASTER_PORT": "29500a"}, "MASTER_PORT='29500a'"),
-    ],
-)
-def test_torchrun_errors_name_the_variable(change: dict[str, str | None], message: str) -> None:
-    env = torchrun_env()
-    for name, value in change.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    with pytest.raises(WorkerEnvError) as info:
-        TorchrunEnvironment(env)
-    assert message in str(info.value)
-
-
-@given(
-    nnodes=st.integers(1, 8),
-    nproc=st.integers(1, 8),
-    data=st.data(),
-    isolated=st.booleans(),
-    drop_groups=st.booleans(),
-)
-def test_any_torchrun_layout_reads_back(
-    nnodes: int, nproc: int, data: st.DataObject, isolated: bool, drop_groups: bool
-) -> None:
-    node = data.draw(st.integers(0, nnodes - 1))
-    local = data.draw(st.integers(0, nproc - 1))
-    rank = node * nproc + local  # torchrun's layout: consecutive ranks per node
-    env = torchrun_env(rank, local, nnodes * nproc, nproc, node, nnodes)
-    if isolated:
-        env.update(LOCAL_RANK="0", DDPBOOT_LOCAL_RANK=str(local), DDPBOOT_ISOLATION="rank")
-    if drop_groups:
-        del env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]
-    got = detect_environment(env)
-    assert got is not None
-    assert layout(got) == (rank, nnodes * nproc, local, nproc, node, nnodes, "10.1.2.3", 29500)
 
 
 # --- SLURM parsing ----------------------------------------------------------------------------------------
@@ -342,7 +187,7 @@ def test_in_srun_step(step: dict[str, str], expected: bool) -> None:
 # --- SLURM task per GPU ------------------------------------------------------------------------------------
 
 
-def test_slurm_prefers_step_values_to_job_values() -> None:
+def test_slurm_prefers_step_values_to_job_values(layout: Layout) -> None:
     # a 4-task step on the job's last two nodes of four, with stale job-level values around it
     env = {
         **SRUN_TASK,
@@ -356,7 +201,7 @@ def test_slurm_prefers_step_values_to_job_values() -> None:
     assert layout(SlurmEnvironment(env)) == (3, 4, 1, 2, 1, 2, "gpu03", derive_port(1, 0))
 
 
-def test_slurm_falls_back_to_job_values_without_step_ones() -> None:
+def test_slurm_falls_back_to_job_values_without_step_ones(layout: Layout) -> None:
     env = {k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP_") or k == "SLURM_STEP_ID"}
     env["SLURM_NODELIST"] = env["SLURM_JOB_NODELIST"] = "rack[1-2]-n[01-02]"
     env.update(SLURM_NNODES="4", SLURM_TASKS_PER_NODE="1(x4)", SLURM_NODEID="3", SLURM_LOCALID="0")
@@ -416,6 +261,64 @@ def test_slurm_errors_name_the_variable(change: dict[str, str | None], message: 
     with pytest.raises(WorkerEnvError) as info:
         SlurmEnvironment(env)
     assert message in str(info.value)
+
+
+# --- which GPU a task keeps --------------------------------------------------------------------------------
+
+
+def one_node_task(local_rank: int, tasks: int, **extra: str) -> SlurmEnvironment:
+    """Task `local_rank` of a one-node step of `tasks` tasks."""
+    return SlurmEnvironment(
+        {
+            **SRUN_TASK,
+            "SLURM_STEP_NUM_TASKS": str(tasks),
+            "SLURM_STEP_NUM_NODES": "1",
+            "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+            "SLURM_STEP_NODELIST": "n1",
+            "SLURM_PROCID": str(local_rank),
+            "SLURM_NODEID": "0",
+            "SLURM_LOCALID": str(local_rank),
+            **extra,
+        }
+    )
+
+
+def test_a_task_narrows_to_its_own_gpu() -> None:
+    env = one_node_task(1, 2)
+    assert env.narrows_visible_devices and env.exports_contract
+    assert (env.name, env.local_rank_var, env.device_index, env.task_noun) == ("slurm", "SLURM_LOCALID", 1, "srun task")
+
+
+@pytest.mark.parametrize(
+    ("entries", "count", "local_rank", "tasks", "per_task", "expected"),
+    [
+        (None, 4, 2, 4, False, "2"),  # every GPU visible: the task's index (CUDA_DEVICE_ORDER=PCI_BUS_ID set too)
+        (("4", "5", "6", "7"), 4, 1, 4, False, "5"),  # SLURM gave global indices: keep its spelling
+        ((UUID_A, UUID_B), 2, 1, 2, False, UUID_B),
+        (None, 8, 3, 4, False, "3"),  # more GPUs than tasks: task i takes GPU i
+        (("3",), 1, 1, 2, False, None),  # --gpus-per-task / cgroup: already its own GPU
+        (("0", "1"), 2, 1, 2, True, None),  # --gpus-per-task=2: the task's own list, use its first
+        ((), 0, 1, 2, False, None),  # CPU
+    ],
+)
+def test_own_visible_devices(
+    entries: tuple[str, ...] | None, count: int, local_rank: int, tasks: int, per_task: bool, expected: str | None
+) -> None:
+    extra = {"SLURM_GPUS_PER_TASK": "2"} if per_task else {}
+    assert one_node_task(local_rank, tasks, **extra).own_visible_devices(entries, count) == expected
+
+
+def test_more_tasks_than_gpus_is_refused() -> None:
+    with pytest.raises(WorkerEnvError, match="srun started 4 tasks on this node but this task sees 2 GPUs"):
+        one_node_task(3, 4).own_visible_devices(None, 2)
+
+
+@given(st.integers(1, 8).flatmap(lambda tasks: st.tuples(st.just(tasks), st.integers(tasks, 16))), st.booleans())
+def test_tasks_of_a_node_get_distinct_gpus(sizes: tuple[int, int], as_list: bool) -> None:
+    tasks, count = sizes
+    entries = tuple(str(10 + i) for i in range(count)) if as_list else None
+    picks = [one_node_task(r, tasks).own_visible_devices(entries, count) or "0" for r in range(tasks)]
+    assert len(set(picks)) == tasks
 
 
 # --- SLURM, one launcher per node --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SLURM host lists expand as `scontrol show hostnames` expands them (FACTS.md §4).
+"""SLURM host lists expand as `scontrol show hostnames` expands them, as checked against slurm-wlm 22.05.
 
 The `slurm`-marked class compares with the real scontrol. What it needs (checked on Debian 12, slurm-wlm 22.05):
 `apt-get install slurm-wlm` for the `scontrol` binary, and a slurm.conf with at least ClusterName and
