@@ -85,10 +85,25 @@ def shutdown() -> None:
     Registered with atexit, so scripts need not call it; calling it twice is harmless. It does not wait at a
     barrier first: after a failure on another rank a barrier would hang.
     """
+    end_group(abort=False)
+
+
+def end_group(abort: bool) -> None:
+    """Forget the context and end the process group init() created: destroy it (waits for its pending work to be
+    flushed, which needs the peers) or abort it (returns at once, whatever the peers do).
+
+    Aborting is for a failing exit: NCCL's destroy flushes the communicators, and when a peer still waits in a
+    collective this rank will never join, that flush waits with it, so the failing rank never exits and the job hangs
+    until the collective's timeout (10 minutes by default). torch's own stance is that destroy may hang for a bad
+    program and abort is the way out."""
     with STATE.lock:
         if STATE.context is None:
             return
         if STATE.owns_group and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            if abort and hasattr(dist.distributed_c10d, "_abort_process_group"):
+                dist.distributed_c10d._abort_process_group()
+            elif not abort:
+                dist.destroy_process_group()
+            # A torch without abort: leave the group to the interpreter's teardown, which does not flush.
         STATE.context = None
         STATE.owns_group = False

@@ -20,7 +20,7 @@ from ddpboot.errors import WorkerEnvError, WorkerSetupError
 from ddpboot.worker.backend import check_backend_usable, normalize_backend, uses_nccl
 from ddpboot.worker.context import STATE, Context
 from ddpboot.worker.device import choose_device
-from ddpboot.worker.exiting import shutdown_at_exit
+from ddpboot.worker.exiting import RECORDER, shutdown_at_exit
 from ddpboot.worker.guards import check_visible_devices
 
 
@@ -51,6 +51,7 @@ def init(
         requested = normalize_backend(backend) if backend is not None else None
         STATE.context, STATE.owns_group = _start(requested, _as_timedelta(timeout), strict)
         if not STATE.atexit_registered:
+            RECORDER.install()
             atexit.register(shutdown_at_exit)
             STATE.atexit_registered = True
         return STATE.context

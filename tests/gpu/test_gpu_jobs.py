@@ -155,3 +155,22 @@ def test_smoke_passes(extra: list[str], tmp_path: Path) -> None:
     report = json.loads(out.stdout)
     assert report["passed"], json.dumps(report["checks"], indent=1)
     assert junit.read_text().count("<testcase") == len(report["checks"])
+
+
+@pytest.mark.parametrize(("mode", "code"), [("exit3", 3), ("raise", 1)])
+def test_a_rank_leaving_while_its_peer_waits_in_nccl_ends_the_job(tmp_path: Path, mode: str, code: int) -> None:
+    """Rank 1 leaves (sys.exit(3), or an exception) while rank 0 waits in an NCCL all_reduce it will never finish.
+    init()'s exit path aborts rank 1's communicators (a destroy would wait for rank 0 until NCCL's timeout), so rank
+    1 exits, and the launcher stops rank 0: the job ends within --shutdown-timeout + 5 s with rank 1's code."""
+    need(2)
+    import time
+
+    shutdown = 5
+    script = REPO / "tests" / "process" / "scripts" / "exit_path.py"
+    out = run_ddpboot("--nproc", "2", "--shutdown-timeout", str(shutdown), str(script), str(tmp_path), mode, "1",
+                      env=clean_env(NCCL_NVLS_ENABLE="0"), timeout=180, cwd=REPO)
+    ended = time.time()
+    left = float((tmp_path / "rank1.left").read_text())
+    assert out.returncode == code, out.stderr
+    assert (tmp_path / "rank1.calls").read_text().split() == ["abort"], out.stderr
+    assert ended - left < shutdown + 5, f"the job ended {ended - left:.1f} s after rank 1 began to leave"

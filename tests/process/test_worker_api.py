@@ -444,3 +444,37 @@ def test_gpu_guards_early_cuda_and_model_device(tmp_path: Path, mistake: bool) -
     else:
         assert r["init_warnings"] == [] and r["wrap_warnings"] == []
     assert r["param_devices"] == ["cuda:0"]
+
+
+# ------------------------------------------------------------------------------------------------ the exit path
+
+EXIT_PATH = Path(__file__).resolve().parent / "scripts" / "exit_path.py"
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "ended_by"),
+    [
+        ("clean", 0, "destroy"),
+        ("exit0", 0, "destroy"),
+        ("exit3", 3, "abort"),
+        ("raise", 1, "abort"),
+        ("builtin_exit", 4, "abort"),
+        ("argparse", 2, "abort"),
+    ],
+)
+def test_a_failing_exit_aborts_the_group_and_a_clean_one_destroys_it(
+    tmp_path: Path, mode: str, code: int, ended_by: str
+) -> None:
+    """A destroy flushes the communicators, which waits for peers; a rank that leaves with a failure must not wait
+    for peers that will never come, so init()'s exit path aborts instead (on GPUs, NCCL's destroy then hangs the
+    job until the collective timeout)."""
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, str(EXIT_PATH), str(tmp_path), mode], env=ddpboot_env(r, 2, port, []),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == code, outs[r]
+        assert (tmp_path / f"rank{r}.calls").read_text().split() == [ended_by], outs[r]

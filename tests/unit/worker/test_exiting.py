@@ -1,0 +1,65 @@
+"""The worker's exit path decides between destroying and aborting the process group from how the script leaves."""
+
+from __future__ import annotations
+
+import builtins
+import subprocess
+import sys
+
+import pytest
+
+from ddpboot.worker.exiting import ExitRecorder, exit_status
+
+
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (True, 1), (False, 0), ("bye", 1)])
+def test_exit_status_is_what_python_makes_of_systemexit(code: object, status: int) -> None:
+    res = subprocess.run([sys.executable, "-c", f"raise SystemExit({code!r})"], capture_output=True, timeout=60)
+    assert res.returncode == status == exit_status(code)
+
+
+def test_the_recorder_notes_sys_exit_and_the_builtin_exit_codes_and_still_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    monkeypatch.setattr(builtins, "exit", builtins.exit, raising=False)
+    monkeypatch.setattr(builtins, "quit", builtins.quit, raising=False)
+    recorder = ExitRecorder()
+    recorder.install()
+    recorder.install()  # twice: still one wrapper
+    with pytest.raises(SystemExit) as raised:
+        sys.exit(7)
+    assert raised.value.code == 7 and recorder.code == 7
+    with pytest.raises(SystemExit):
+        builtins.exit(0)  # type: ignore[operator]
+    assert recorder.code == 0
+    with pytest.raises(SystemExit):
+        builtins.quit("bye")  # type: ignore[operator]
+    assert recorder.code == 1
+
+
+LEAVING = """
+import atexit, sys, threading
+from ddpboot.worker import exiting
+exiting.RECORDER.install()
+atexit.register(lambda: print("failing" if exiting.leaving_with_failure() else "clean"))
+{body}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "verdict"),
+    [
+        ("pass", "clean"),
+        ("sys.exit(0)", "clean"),
+        ("sys.exit()", "clean"),
+        ("sys.exit(2)", "failing"),
+        ("raise ValueError('x')", "failing"),
+        ("raise KeyboardInterrupt", "failing"),
+        ("exit(5)", "failing"),
+        ("t = threading.Thread(target=sys.exit, args=(3,)); t.start(); t.join()", "clean"),
+    ],
+)
+def test_leaving_with_failure_at_interpreter_exit(body: str, verdict: str) -> None:
+    res = subprocess.run([sys.executable, "-c", LEAVING.format(body=body)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.stdout.strip().splitlines()[-1] == verdict, res.stderr
