@@ -88,6 +88,57 @@ def shutdown_at_exit() -> None:
         with contextlib.suppress(OSError):
             exit_mark(error_file).write_text(f"{time.time():.6f}\n")
     end_group(abort=leaving_with_failure())
+    settle_threads()
+
+
+SETTLE_TIMEOUT = 1.0
+"""The longest the exit path waits for other threads of the rank to go quiet (seconds)."""
+
+
+def settle_threads(timeout: float = SETTLE_TIMEOUT, poll: float = 0.002, quiet_polls: int = 3) -> bool:
+    """Let the rank's other threads finish what they are doing before the interpreter tears itself down.
+
+    Why: gloo runs collectives on threads of its own. When one finishes the last collective a little late (a busy
+    core), it drops its reference to the collective's tensors while python is already finalizing; that needs the
+    GIL, python 3.11 and 3.12 end a thread that asks for the GIL during finalization by unwinding it, the unwinding
+    crosses a C++ destructor, and the process dies in std::terminate ("terminate called without an active
+    exception", exit 134) after the script's last line ran. Destroying the process group does not stop those
+    threads while a DDP model still holds the group.
+
+    So, with the GIL released (sleeping), wait until no other thread of this process is runnable for a few polls
+    in a row (the kernel's per-thread state in /proc/self/task), at most `timeout` seconds. True when they went
+    quiet; False at the timeout or where /proc is not there."""
+    me = threading.get_native_id()
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline:
+        time.sleep(poll)  # releases the GIL: a thread waiting for it gets it now
+        states = _thread_states(exclude=me)
+        if states is None:
+            return False
+        quiet = 0 if "R" in states else quiet + 1
+        if quiet >= quiet_polls:
+            return True
+    return False
+
+
+def _thread_states(exclude: int) -> list[str] | None:
+    """The scheduler state letter (R running, S sleeping, ...) of every thread of this process but `exclude`."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    states = []
+    for tid in tids:
+        if int(tid) == exclude:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        states.append(stat[stat.rindex(")") + 2])  # the field after the command name, which may hold spaces
+    return states
 
 
 def _failed_collective() -> bool:

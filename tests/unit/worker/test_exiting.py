@@ -63,3 +63,50 @@ def test_leaving_with_failure_at_interpreter_exit(body: str, verdict: str) -> No
     res = subprocess.run([sys.executable, "-c", LEAVING.format(body=body)], capture_output=True, text=True,
                          timeout=120)
     assert res.stdout.strip().splitlines()[-1] == verdict, res.stderr
+
+
+def test_settle_threads_waits_until_a_busy_native_thread_is_done() -> None:
+    """A thread busy outside the GIL (as gloo's are) keeps the exit path waiting until it is quiet."""
+    import hashlib
+    import threading
+
+    from ddpboot.worker.exiting import settle_threads
+
+    data = b"x" * (128 << 20)
+    done = threading.Event()
+
+    def work() -> None:
+        for _ in range(3):
+            hashlib.sha256(data).digest()  # releases the GIL while it hashes
+        done.set()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert settle_threads(timeout=60)
+    assert done.is_set()
+    worker.join()
+
+
+def test_settle_threads_gives_up_at_its_timeout() -> None:
+    import hashlib
+    import threading
+    import time
+
+    from ddpboot.worker.exiting import settle_threads
+
+    data = b"x" * (8 << 20)
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        start = time.monotonic()
+        assert not settle_threads(timeout=0.3)
+        assert time.monotonic() - start >= 0.3
+    finally:
+        stop.set()
+        spinner.join()
