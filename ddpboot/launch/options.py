@@ -77,7 +77,8 @@ def parse_rank_list(text: str, option: str) -> frozenset[int]:
     return frozenset(out)
 
 
-def check_ranks(ranks: frozenset[int], limit: int, option: str, what: str) -> None:
+def check_rank_filter(ranks: frozenset[int], limit: int, option: str, what: str) -> None:
+    """A rank filter (--ranks-filter, --local-ranks-filter) names only ranks below `limit`, the ones the job has."""
     beyond = sorted(r for r in ranks if r >= limit)
     if beyond:
         raise UsageError(
@@ -134,6 +135,7 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 
 def parse_duration(value: float, option: str, allow_zero: bool = True) -> float:
+    """Seconds given to an option: not negative (nor NaN), and above zero unless `allow_zero`."""
     if value != value or value < 0 or (value == 0 and not allow_zero):
         need = "zero or more" if allow_zero else "more than zero"
         raise UsageError(f"{option} {value}: give {need} seconds.")

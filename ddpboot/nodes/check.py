@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ddpboot.errors import UsageError
 from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
@@ -23,6 +23,20 @@ from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
 PREFIX = "ddpboot/nodes"
 DEFAULT_JOIN_TIMEOUT = 600.0  # torchrun's rendezvous join_timeout default, and its --rdzv-conf key
 READ_TIMEOUT = 30.0  # how long node 0 keeps the store up for the others to read the check-in (they are already in)
+
+
+def join_timeout(rdzv_conf: Mapping[str, str]) -> float:
+    """How long nodes wait for each other before starting workers (torchrun's --rdzv-conf join_timeout)."""
+    text = rdzv_conf.get("join_timeout")
+    if text is None:
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"--rdzv-conf join_timeout={text}: give a number of seconds above 0 (default 600).")
+    return value
 
 
 def check_nodes(

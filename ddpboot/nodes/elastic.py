@@ -76,10 +76,10 @@ def elastic_nodes(
 
 
 def default_store_addr(host: str, ip: str, port: int) -> str:
-    """Where this node serves the workers' store as group rank 0, without --local-addr: 127.0.0.1 for a loopback
-    endpoint (every node on this machine); otherwise this machine's address on the route to the endpoint (what the
-    other nodes most likely reach), or its first non-loopback address when the endpoint's name resolves to loopback
-    here (Debian maps the host's own name to 127.0.1.1)."""
+    """Where this node serves the workers' store as node rank 0 of a round, without --local-addr: 127.0.0.1 for a
+    loopback endpoint (every node on this machine); otherwise this machine's address on the route to the endpoint
+    (what the other nodes most likely reach), or its first non-loopback address when the endpoint's name resolves to
+    loopback here (Debian maps the host's own name to 127.0.1.1)."""
     if is_loopback(host):
         return "127.0.0.1"
     addr = ""

@@ -6,8 +6,8 @@ SLURM wins with a note; otherwise the job is one node with its store on loopback
 itself (no port race). `ddpboot plan` prints which source was used.
 
 An elastic range (`--nnodes MIN:MAX`) has no fixed node rank or node count: torch's c10d rendezvous decides them at
-each round (launch/elastic.py). Its NodeSetup (source "elastic") records the range, the rendezvous endpoint and the
-address this node serves the workers' store on when it is group rank 0.
+each round (launch/elastic/). Its NodeSetup (source "elastic") records the range, the rendezvous endpoint and the
+address this node serves the workers' store on when it is node rank 0 of a round (torch calls it group rank 0).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.contract import is_tcp_port
 from ddpboot.errors import UsageError
+from ddpboot.units import plural
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
 DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint given as HOST only)
@@ -78,7 +79,7 @@ def resolve_nodes(
     n = nnodes if nnodes is not None else (slurm.nnodes if slurm else 1)
     r = node_rank if node_rank is not None else (slurm.node_rank if slurm else 0)
     if not 0 <= r < n:
-        raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {n} node{'s' if n > 1 else ''}.")
+        raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {plural(n, 'node')}.")
     if n == 1:
         return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, "single", tuple(notes))
     addr = master_addr or (slurm.master_addr if slurm else None)
@@ -176,6 +177,6 @@ def parse_endpoint(text: str, option: str = "--rdzv-endpoint") -> tuple[str, int
     if not m:
         raise UsageError(f"{option} {text!r} is not HOST:PORT.")
     port = int(m.group(2)) if m.group(2) else None
-    if port is not None and not 0 <= port < 65536:
+    if port is not None and port != 0 and not is_tcp_port(port):  # 0 is left to the caller (no port)
         raise UsageError(f"{option} {text!r}: {port} is not a TCP port.")
     return m.group(1), port

@@ -28,7 +28,6 @@ from ddpboot.units import format_size
 
 CHECKS = ("mapping", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "ddp", "bandwidth")
 DRIVER_CHECKS = ("isolation", "timing")
-ALL_CHECKS = ("init", *CHECKS, *DRIVER_CHECKS)
 
 
 @dataclass
@@ -277,37 +276,6 @@ def nccl_transport(out: Path) -> str:
                 if t not in seen:
                     seen.append(t)
     return ", ".join(seen)
-
-
-# --- reports ---------------------------------------------------------------------------------------
-
-
-def render(report: Report, console: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    ranks = [s.rank for s in report.plan.ranks]
-    table = Table(show_edge=False, header_style="bold", title=None)
-    table.add_column("check")
-    for r in ranks:
-        table.add_column(f"rank {r}")
-    table.add_column("detail")
-    mark = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skip": "[dim]skip[/]"}
-    order = list(dict.fromkeys(v.check for v in report.verdicts))
-    for check in order:
-        vs = [v for v in report.verdicts if v.check == check]
-        cells = []
-        for r in ranks:
-            mine = [v for v in vs if v.rank in (r, None)]
-            cells.append(mark[mine[0].status] if mine else "")
-        details = list(dict.fromkeys(v.detail for v in vs if v.status == "fail")) or [vs[0].detail]
-        table.add_row(check, *cells, escape("; ".join(d.splitlines()[0] if d else "" for d in details)))
-    console.print(table)
-    for note in report.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    verdict = "[green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
-    console.print(f"smoke {verdict}: {report.plan.world_size} ranks, {report.plan.backend}, "
-                  f"{report.wall_seconds:.1f} s")
 
 
 def junit_xml(report: Report) -> str:

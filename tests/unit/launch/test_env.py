@@ -1,29 +1,17 @@
-"""The worker environment and command line the launcher builds (pure), and the option values that shape them."""
+"""The worker environment and command line the launcher builds (ddpboot/launch/env.py): pure functions."""
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.cli.run import _routing
-from ddpboot.errors import UsageError
 from ddpboot.launch.env import RUN_PATH_CODE, EnvContext, substitute_local_rank, worker_argv, worker_vars
-from ddpboot.launch.options import (
-    Std,
-    parse_rank_list,
-    parse_rdzv_conf,
-    parse_signals,
-    parse_std,
-    resolve_std,
-)
 from ddpboot.launch.spec import Target
-from ddpboot.nodes.static import parse_endpoint
 from ddpboot.selection.inventory import fake_inventory
-from ddpboot.selection.planner import Plan, Request, make_plan
+from ddpboot.selection.planner import Plan, make_plan
+from ddpboot.selection.request import parse_request
 
 CONTRACT = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -36,7 +24,7 @@ CTX = EnvContext("127.0.0.1", 41234, "run-1", "trainer", 2, 3, "SIGTERM,SIGINT")
 
 
 def plan(n: int = 4, gpus: int = 8, **req: Any) -> Plan:
-    return make_plan(Request(nproc=str(n), **req), fake_inventory(str(gpus)), {}, cpu_count=16)
+    return make_plan(parse_request(nproc=str(n), **req), fake_inventory(str(gpus)), {}, cpu_count=16)
 
 
 def all_vars(p: Plan, base: dict[str, str] | None = None) -> list[dict[str, str]]:
@@ -116,64 +104,3 @@ def test_worker_command_lines() -> None:
 def test_only_the_local_rank_macro_is_replaced(args: list[str], rank: int) -> None:
     out = substitute_local_rank(args, rank)
     assert [a.replace("${local_rank}", str(rank)) for a in args] == out
-
-
-# --- option values ---------------------------------------------------------------------------------
-
-
-def test_std_specs_any_rank_number() -> None:
-    assert parse_std("3", "-r") == Std.ALL
-    assert parse_std("0:1,10:2", "-r") == {0: Std.OUT, 10: Std.ERR}
-    assert resolve_std(parse_std("0:1,10:2", "-r"), 11, "-r") == {**dict.fromkeys(range(11), Std.NONE),
-                                                                   0: Std.OUT, 10: Std.ERR}
-    assert resolve_std(Std.ERR, 3, "-t") == {0: Std.ERR, 1: Std.ERR, 2: Std.ERR}
-    for bad, msg in (("4", "is not RANK:VALUE"), ("0:4", "is not RANK:VALUE"), ("", "is empty"),
-                     ("1:1,1:2", "twice"), ("a:1", "is not RANK:VALUE")):
-        with pytest.raises(UsageError, match=msg):
-            parse_std(bad, "-r")
-    with pytest.raises(UsageError, match="names local rank 10, but this node runs 2 ranks"):
-        resolve_std({10: Std.OUT}, 2, "-r")
-
-
-def test_rank_lists() -> None:
-    assert parse_rank_list("0,2-4, 7", "--ranks-filter") == {0, 2, 3, 4, 7}
-    for bad in ("", "a", "3-1", "1,,2", "-1"):
-        with pytest.raises(UsageError):
-            parse_rank_list(bad, "--ranks-filter")
-
-
-def test_signal_lists() -> None:
-    assert parse_signals("SIGTERM,int, 10,SIGTERM") == (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-    with pytest.raises(UsageError, match="is not a signal"):
-        parse_signals("SIGNOPE")
-    for sig in ("SIGKILL", "STOP", "SIGCHLD"):
-        with pytest.raises(UsageError, match="cannot be handled"):
-            parse_signals(sig)
-
-
-def test_rendezvous_values() -> None:
-    assert parse_rdzv_conf("timeout=900, join_timeout=10,") == {"timeout": "900", "join_timeout": "10"}
-    with pytest.raises(UsageError, match="KEY=VALUE"):
-        parse_rdzv_conf("timeout")
-    assert parse_endpoint("localhost:29400") == ("localhost", 29400)
-    assert parse_endpoint("[::1]:5") == ("::1", 5)
-    assert parse_endpoint("node1") == ("node1", None)
-
-
-def test_routing_follows_torchruns_redirect_and_tee_rules() -> None:
-    p = plan(3)
-    # No log dir: console only.
-    r = _routing(p, None, None, False, None, None, True)
-    assert all(r.files[i] == Std.NONE and r.console[i] == Std.ALL for i in range(3))
-    # A log dir alone: everything to files and console.
-    r = _routing(p, None, None, True, None, None, True)
-    assert all(r.files[i] == Std.ALL and r.console[i] == Std.ALL for i in range(3))
-    # -r 0:1 -t 1:3: rank 0's stdout to its file only; rank 1 both, shown; rank 2 console only.
-    r = _routing(p, {0: Std.OUT}, {1: Std.ALL}, True, None, None, True)
-    assert (r.files[0], r.console[0]) == (Std.OUT, Std.ERR)
-    assert (r.files[1], r.console[1]) == (Std.ALL, Std.ALL)
-    assert (r.files[2], r.console[2]) == (Std.NONE, Std.ALL)
-    # Filters: local rank 1 and global rank 2 → nothing shown (both must pass).
-    r = _routing(p, None, None, False, frozenset({1, 2}), frozenset({2}), False)
-    assert [r.console[i] for i in range(3)] == [Std.NONE, Std.NONE, Std.ALL]
-    assert r.prefix is False

@@ -1,4 +1,5 @@
-"""Node count, node rank and store address: flags, SLURM (one launcher per node), or a single node."""
+"""Node count, node rank and store address: flags, SLURM (one launcher per node), or a single node
+(ddpboot/nodes/static.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ddpboot.nodes.static import (
     check_resolvable,
     cluster_info,
     elastic_setup,
+    parse_endpoint,
     parse_nnodes,
     parse_node_range,
     resolve_nodes,
@@ -129,3 +131,12 @@ def test_an_elastic_setup_is_planned_as_node_0_of_max() -> None:
     assert (info["min_nodes"], info["max_nodes"], info["rdzv_endpoint"], info["store_addr"]) == (
         1, 4, "10.0.0.1:29400", "10.0.0.2")
     assert info["notes"] == ["a note"] and "master_port" not in info
+
+
+def test_endpoints() -> None:
+    assert parse_endpoint("localhost:29400") == ("localhost", 29400)
+    assert parse_endpoint("[::1]:5") == ("::1", 5)
+    assert parse_endpoint("node1") == ("node1", None)
+    assert parse_endpoint("node1:0") == ("node1", 0)  # no port: the caller's default
+    with pytest.raises(UsageError, match="99999 is not a TCP port"):
+        parse_endpoint("node1:99999")

@@ -1,0 +1,235 @@
+"""The run command's own options and arguments, each documented where it is declared (as torchrun's run.py does);
+`ddpboot --help` shows them grouped in panels. torchrun's options keep their dash and underscore spellings and their
+PET_* environment defaults. The selection options shared with `plan` and `smoke` are in options.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+_PROG = "Program"
+_STORE = "Store and nodes (torchrun's rendezvous options)"
+_SUP = "Supervision"
+_OUT = "Output"
+
+ScriptArgument = Annotated[
+    str,
+    typer.Argument(
+        help="The training script (run as `python -u SCRIPT ARGS` with this interpreter, or PYTHON_EXEC), a "
+        "module with -m, or a program with --no-python.",
+        show_default=False,
+        metavar="SCRIPT",
+    ),
+]
+
+ArgsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(help="Passed to the script untouched; `${local_rank}` becomes the node-local index.",
+                   metavar="ARGS"),
+]
+
+ModuleOption = Annotated[
+    bool,
+    typer.Option("-m", "--module", envvar="PET_MODULE", rich_help_panel=_PROG,
+                 help="SCRIPT is a module name, run as `python -u -m SCRIPT ARGS` from the current directory."),
+]
+
+NoPythonOption = Annotated[
+    bool,
+    typer.Option("--no-python", "--no_python", envvar="PET_NO_PYTHON", rich_help_panel=_PROG,
+                 help="SCRIPT is a program (a path, or a name on PATH) executed directly, not a Python script."),
+]
+
+RunPathOption = Annotated[
+    bool,
+    typer.Option("--run-path", "--run_path", envvar="PET_RUN_PATH", rich_help_panel=_PROG,
+                 help="Run SCRIPT through runpy.run_path as __main__ (torchrun's --run-path); each worker is "
+                 "still its own process."),
+]
+
+FastStartOption = Annotated[
+    bool,
+    typer.Option("--fast-start/--no-fast-start", envvar="DDPBOOT_FAST_START", rich_help_panel=_PROG,
+                 help="Import torch once per node and fork every rank from that process, instead of each rank "
+                 "importing torch itself; the script runs exactly as `python -u SCRIPT ARGS` would (see "
+                 "docs/reference.md for the few differences). Python scripts and modules only."),
+]
+
+PreloadOption = Annotated[
+    str,
+    typer.Option("--preload", envvar="DDPBOOT_PRELOAD", rich_help_panel=_PROG,
+                 help="With --fast-start: more modules to import once, before forking the ranks (mod1,mod2)."),
+]
+
+MasterAddrOption = Annotated[
+    str | None,
+    typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_STORE,
+                 help="The store's address, given to workers as MASTER_ADDR. One node: default 127.0.0.1 (the "
+                 "store listens on loopback only); another address of this machine makes it listen there."),
+]
+
+MasterPortOption = Annotated[
+    int | None,
+    typer.Option("--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_STORE,
+                 help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no "
+                 "other process can take it between choice and use. A port in use is an error."),
+]
+
+RdzvBackendOption = Annotated[
+    str,
+    typer.Option("--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_STORE,
+                 help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). "
+                 "Otherwise accepted (static or c10d); the workers' store is ddpboot's."),
+]
+
+RdzvEndpointOption = Annotated[
+    str,
+    typer.Option("--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_STORE,
+                 help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d "
+                 "rendezvous there, hosted by the launcher on HOST. Fixed node count: stands for --master-addr/"
+                 "--master-port. One node: HOST must be this machine; PORT is used like --master-port."),
+]
+
+RdzvIdOption = Annotated[
+    str | None,
+    typer.Option("--rdzv-id", "--rdzv_id", envvar="PET_RDZV_ID", rich_help_panel=_STORE,
+                 help="The job id, given to workers as TORCHELASTIC_RUN_ID and naming the --log-dir "
+                 "subdirectory. Default: a fresh id per run."),
+]
+
+RdzvConfOption = Annotated[
+    str,
+    typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_STORE,
+                 help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (every job with several nodes), "
+                 "last_call_timeout, close_timeout and the others of torch's c10d rendezvous (elastic jobs)."),
+]
+
+StandaloneOption = Annotated[
+    bool,
+    typer.Option("--standalone", envvar="PET_STANDALONE", rich_help_panel=_STORE,
+                 help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on "
+                 "loopback (torchrun's listens on every interface)."),
+]
+
+LocalAddrOption = Annotated[
+    str | None,
+    typer.Option("--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_STORE,
+                 help="This node's address for other nodes: where node group rank 0 serves the workers' store "
+                 "in an elastic job (default: its address on the route to the rendezvous endpoint)."),
+]
+
+StoreOption = Annotated[
+    str,
+    typer.Option("--store", envvar="DDPBOOT_STORE", rich_help_panel=_STORE,
+                 help="Who serves the store: `python` (ddpboot's implementation of torch's TCPStore protocol, "
+                 "no torch import, fastest start) or `torch` (torch's own TCPStore server in the guardian "
+                 "process, for a torch whose store protocol ddpboot does not know yet)."),
+]
+
+MaxRestartsOption = Annotated[
+    int,
+    typer.Option("--max-restarts", "--max_restarts", envvar="PET_MAX_RESTARTS", rich_help_panel=_SUP,
+                 help="Restart every rank up to N times after a failure; TORCHELASTIC_RESTART_COUNT counts the "
+                 "attempts and each attempt logs to its own attempt_N directory. The exit code is the last "
+                 "attempt's."),
+]
+
+ShutdownTimeoutOption = Annotated[
+    float | None,
+    typer.Option("--shutdown-timeout", "--shutdown_timeout",
+                 envvar=["PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"], rich_help_panel=_SUP,
+                 help="Seconds workers get to exit after SIGTERM before SIGKILL, when a rank fails and when the "
+                 "launcher is signalled. Default 30."),
+]
+
+MonitorIntervalOption = Annotated[
+    float,
+    typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",
+                 rich_help_panel=_SUP,
+                 help="ddpboot sees exits as they happen; this is only how often it re-checks that a stopped "
+                 "rank's leftover processes are gone."),
+]
+
+SignalsToHandleOption = Annotated[
+    str,
+    typer.Option("--signals-to-handle", "--signals_to_handle", envvar="PET_SIGNALS_TO_HANDLE",
+                 rich_help_panel=_SUP,
+                 help="Signals forwarded to every worker's process group. INT, TERM, HUP and QUIT also stop the "
+                 "job (a second Ctrl-C kills at once). Not forwarded when the sender (SLURM's slurmstepd) "
+                 "signals the workers itself, nor twice within 1 s. Others keep their default action."),
+]
+
+StartMethodOption = Annotated[
+    str,
+    typer.Option("--start-method", "--start_method", envvar="PET_START_METHOD", rich_help_panel=_SUP,
+                 help="torchrun's spawn, fork or forkserver; accepted. Scripts always start as fresh processes "
+                 "(fork+exec), as under torchrun."),
+]
+
+RoleOption = Annotated[
+    str,
+    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_SUP, help="ROLE_NAME given to the workers."),
+]
+
+WaitForGpusOption = Annotated[
+    str | None,
+    typer.Option("--wait-for-gpus", envvar="DDPBOOT_WAIT_FOR_GPUS", rich_help_panel=_SUP,
+                 help="When the GPUs are busy or held by another ddpboot job, wait up to this long (600, 10m, 2h, "
+                 "inf) instead of failing."),
+]
+
+LogDirOption = Annotated[
+    str | None,
+    typer.Option("--log-dir", "--log_dir", envvar="PET_LOG_DIR", rich_help_panel=_OUT,
+                 help="Write each rank's output to DIR/RUN_ID/attempt_N/rankG.log (both streams, unprefixed) "
+                 "and its @record traceback to rankG.error.json. Without it nothing is written anywhere."),
+]
+
+RedirectsOption = Annotated[
+    str | None,
+    typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_OUT,
+                 help="Streams sent to the log files only, not the console: 0 none, 1 stdout, 2 stderr, 3 both; "
+                 "per local rank as 0:3,10:2. Needs --log-dir."),
+]
+
+TeeOption = Annotated[
+    str | None,
+    typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_OUT,
+                 help="Streams written to the log files and shown (same form as --redirects). With --log-dir and "
+                 "neither -r nor -t, both streams of every rank are written and shown."),
+]
+
+LocalRanksFilterOption = Annotated[
+    str | None,
+    typer.Option("--local-ranks-filter", "--local_ranks_filter", envvar="PET_LOCAL_RANKS_FILTER",
+                 rich_help_panel=_OUT,
+                 help="Show only these local ranks on the console (0,2-3); files still get every rank."),
+]
+
+RanksFilterOption = Annotated[
+    str | None,
+    typer.Option("--ranks-filter", envvar="DDPBOOT_RANKS_FILTER", rich_help_panel=_OUT,
+                 help="Show only these global ranks on the console (0,8-15); files still get every rank."),
+]
+
+NoPrefixOption = Annotated[
+    bool,
+    typer.Option("--no-prefix", envvar="DDPBOOT_NO_PREFIX", rich_help_panel=_OUT,
+                 help="Do not prefix console lines with [rankG]:."),
+]
+
+VirtualLocalRankOption = Annotated[
+    bool,
+    typer.Option("--virtual-local-rank", "--virtual_local_rank", envvar="PET_VIRTUAL_LOCAL_RANK",
+                 rich_help_panel=_OUT, hidden=True,
+                 help="torchrun's LOCAL_RANK=0 with one GPU per worker: ddpboot's default (--isolation rank)."),
+]
+
+DryRunOption = Annotated[
+    bool,
+    typer.Option("--dry-run", rich_help_panel=_OUT,
+                 help="Print the plan and each worker's command and the environment variables ddpboot would "
+                 "set; start nothing."),
+]

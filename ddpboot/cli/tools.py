@@ -1,0 +1,176 @@
+"""The tools: `ddpboot plan` (which GPU each rank would get), `ddpboot gpus` (the machine's GPUs), `ddpboot smoke`
+(a multi-GPU self-test). Planning reads NVML only: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import typer
+
+from ddpboot.cli.options import Selection, flag_nodes, selection_request, with_selection
+from ddpboot.cli.output import handle_errors
+from ddpboot.cli.render import render_gpus, render_plan, render_smoke
+from ddpboot.errors import UsageError
+from ddpboot.launch.runner import preview_plan
+from ddpboot.selection.inventory import GPU, Inventory, load_inventory
+from ddpboot.selection.locks import current_holders, lock_dir
+from ddpboot.selection.planner import Plan, busy_reasons, resolve_list
+from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request, parse_request
+from ddpboot.selection.visible import resolve_visible
+from ddpboot.units import parse_size
+
+INDEX_RULES = """\
+GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and
+`ddpboot gpus` show, whatever CUDA_VISIBLE_DEVICES says. When the launcher inherits a CUDA_VISIBLE_DEVICES
+(e.g. from SLURM), they must still name GPUs it allows: with CUDA_VISIBLE_DEVICES=2,3, `--gpus 3` means
+physical GPU 3 and `--gpus 0` is an error. UUIDs (or unique prefixes: GPU-5f1c), PCI bus ids (0000:18:00.0),
+ranges (0-3) and MIG instances (3:1) are accepted too. Each worker then sees only its own GPUs, as cuda:0.
+"""
+
+
+def plan_for(sel: Selection, master_addr: str | None = None, master_port: int | None = None) -> Plan:
+    """The plan this node would run now, from the options and the environment."""
+    env = os.environ
+    nodes = flag_nodes(sel, env, master_addr, master_port)
+    return preview_plan(selection_request(sel, nodes), nodes, env)
+
+
+def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One record per GPU (and MIG instance) with the derived states `ddpboot gpus` shows."""
+    visible = resolve_visible(inventory, env)
+    excluded = {u.uuid for u in resolve_list(req.exclude, inventory, "--exclude")} if req.exclude else set()
+    holders = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
+    out = []
+
+    def record(unit: GPU) -> dict[str, Any]:
+        reasons = busy_reasons(unit, req)
+        holder = holders.get(unit.uuid)
+        rec = unit.to_json()
+        rec.update(
+            utilization=unit.utilization,
+            processes=list(unit.processes),
+            cpu_affinity=list(unit.cpu_affinity),
+            numa_node=unit.numa_node,
+            visible=visible.allows(unit) if not unit.mig_enabled else any(visible.allows(m) for m in unit.mig_devices),
+            busy=bool(reasons),
+            busy_reasons=reasons,
+            excluded=unit.uuid in excluded,
+            locked=holder is not None,
+            locked_by=holder.__dict__ if holder else None,
+        )
+        return rec
+
+    for gpu in inventory.gpus:
+        rec = record(gpu)
+        if gpu.mig_enabled:
+            rec["mig_devices"] = [record(m) for m in gpu.mig_devices]
+        out.append(rec)
+    return out
+
+
+tools = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ddpboot's tools. Run a job with `ddpboot [OPTIONS] SCRIPT [ARGS...]` (see `ddpboot --help`).",
+    rich_markup_mode=None,
+)
+
+
+@tools.command("plan", epilog=INDEX_RULES)
+@handle_errors
+@with_selection
+def plan_cmd(
+    selection: Selection,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+    master_addr: Annotated[
+        str | None,
+        typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR",
+                     help="Node 0's address, for a multi-node plan (as `ddpboot --master-addr`)."),
+    ] = None,
+    master_port: Annotated[
+        int | None,
+        typer.Option("--master-port", "--master_port", envvar="PET_MASTER_PORT",
+                     help="The store's port, for a multi-node plan (as `ddpboot --master-port`)."),
+    ] = None,
+) -> None:
+    """Show which GPU each rank would get, and what cuda:0 means inside each worker. Starts nothing."""
+    plan = plan_for(selection, master_addr=master_addr, master_port=master_port)
+    if as_json:
+        data = plan.to_json()
+        data.setdefault("cluster", plan.cluster)
+        print(json.dumps(data, indent=2))
+    else:
+        render_plan(plan)
+
+
+@tools.command("gpus", epilog=INDEX_RULES)
+@handle_errors
+def gpus_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as one JSON object.")] = False,
+    exclude: Annotated[str | None, typer.Option("--exclude", help="Mark these GPUs excluded.")] = None,
+    max_used_memory: Annotated[
+        str, typer.Option("--max-used-memory", help="Busy above this memory in use.")
+    ] = "256MiB",
+    max_util: Annotated[
+        int, typer.Option("--max-util", help="Busy above this utilization (percent).")
+    ] = DEFAULT_MAX_UTIL,
+) -> None:
+    """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, excluded or not visible."""
+    env = os.environ
+    req = parse_request(
+        exclude=exclude, max_used_memory=parse_size(max_used_memory, "--max-used-memory"), max_util=max_util
+    )
+    inventory = load_inventory(env)
+    records = gpu_states(inventory, req, env)
+    if as_json:
+        print(json.dumps({"gpus": records, "source": inventory.source, "notes": list(inventory.notes)}, indent=2))
+    else:
+        render_gpus(records, inventory)
+
+
+@tools.command("smoke", epilog=INDEX_RULES)
+@handle_errors
+@with_selection
+def smoke_cmd(
+    selection: Selection,
+    checks: Annotated[
+        str | None,
+        typer.Option("--checks", help="Run only these checks (comma list). Default: all. Names: "
+                     "mapping, all_reduce, broadcast, all_gather, reduce_scatter, barrier, ddp, bandwidth, "
+                     "isolation, timing."),
+    ] = None,
+    max_bytes: Annotated[
+        str, typer.Option("--max-bytes", help="Largest all_reduce for the bandwidth check (capped to free memory).")
+    ] = "64MiB",
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds for the whole run; a hang becomes a failed check.")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    junit: Annotated[
+        str | None, typer.Option("--junit-xml", help="Also write a JUnit XML report here (for CI systems).")
+    ] = None,
+) -> None:
+    """Run a multi-GPU self-test on the planned ranks: mapping, collectives, DDP, bandwidth, isolation, timing.
+
+    Exit 0 only when every check passed."""
+    from ddpboot.smoke import junit_xml, parse_checks, run_smoke
+
+    names = parse_checks(checks)
+    if timeout <= 0:
+        raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
+    plan = plan_for(selection)
+    report = run_smoke(plan, names, parse_size(max_bytes, "--max-bytes"), timeout)
+    if junit:
+        with open(junit, "w") as f:
+            f.write(junit_xml(report))
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        render_smoke(report)
+    raise typer.Exit(0 if report.passed else 1)
+
+

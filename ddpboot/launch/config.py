@@ -1,0 +1,179 @@
+"""A launch as the command line asked for it: every option parsed and checked once, into typed values.
+
+The run command (cli/run.py) builds one LaunchConfig before anything starts; the runner (launch/runner.py) plans,
+reserves and supervises from it, and turns it into the LaunchSpec the supervisor takes.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.options import (
+    Std,
+    StdSpec,
+    check_rank_filter,
+    parse_rank_list,
+    parse_rdzv_conf,
+    parse_std,
+    resolve_std,
+)
+from ddpboot.launch.preflight import is_module_name
+from ddpboot.launch.spec import Routing, StoreBackend, Target, TargetKind
+from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
+from ddpboot.nodes.launcher import StoreAddress
+from ddpboot.nodes.static import NodeSetup
+from ddpboot.selection.planner import Plan
+from ddpboot.selection.request import Request
+
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+
+def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
+    """What SCRIPT is, from -m, --no-python and --run-path (--run-path wins over --no-python, as in torchrun)."""
+    if module and no_python:
+        raise UsageError("-m/--module and --no-python contradict each other: a module needs Python. Choose one.")
+    if run_path and module:
+        raise UsageError("--run-path runs a script file; with -m give the module without --run-path.")
+    if run_path:
+        return "run_path"
+    if module:
+        return "module"
+    return "binary" if no_python else "script"
+
+
+def check_torchrun_options(max_restarts: int, start_method: str, rdzv_conf: str, rdzv_backend: str) -> None:
+    """torchrun's options that ddpboot accepts: their values must be ones torchrun would take."""
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts {max_restarts}: give 0 (no restart) or more.")
+    if start_method not in ("spawn", "fork", "forkserver"):
+        raise UsageError(f"--start-method {start_method!r}: torchrun's choices are spawn, fork and forkserver.")
+    parse_rdzv_conf(rdzv_conf)
+    if rdzv_backend.strip().lower() not in ("static", "c10d", "etcd", "etcd-v2"):
+        raise UsageError(f"--rdzv-backend {rdzv_backend!r}: torchrun's backends are static, c10d, etcd and etcd-v2.")
+
+
+def parse_store_backend(text: str) -> StoreBackend:
+    backend = text.strip().lower()
+    if backend == "python":
+        return "python"
+    if backend == "torch":
+        return "torch"
+    raise UsageError(f"--store {text!r}: choose python (ddpboot's store, the default) or torch.")
+
+
+def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:
+    """`--preload mod1,mod2`: module names, imported once by the fast-start process."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if names and not fast_start:
+        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
+                         "--preload.")
+    bad = [m for m in names if not is_module_name(m)]
+    if bad:
+        raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
+                         "comma-separated: --preload numpy,transformers).")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where workers' output goes: -r/--redirects, -t/--tee, --log-dir, the rank filters and the line prefix."""
+
+    log_dir: Path | None = None
+    redirects: StdSpec | None = None
+    tee: StdSpec | None = None
+    local_ranks: frozenset[int] | None = None  # --local-ranks-filter; None: every local rank is shown
+    global_ranks: frozenset[int] | None = None  # --ranks-filter
+    prefix: bool = True
+
+    @classmethod
+    def parse(
+        cls,
+        log_dir: str | None,
+        redirects: str | None,
+        tee: str | None,
+        local_ranks_filter: str | None,
+        ranks_filter: str | None,
+        prefix: bool,
+    ) -> OutputConfig:
+        """From the options as typed; the rank filters are checked against the plan later, in `routing`."""
+        red = parse_std(redirects, "--redirects") if redirects is not None else None
+        teed = parse_std(tee, "--tee") if tee is not None else None
+        writes = [s for s in (red, teed) if s is not None and s != Std.NONE]
+        if writes and not log_dir:
+            raise UsageError(
+                "-r/--redirects and -t/--tee write worker output to files, which needs --log-dir DIR (torchrun would "
+                "use a temporary directory and leave it behind)."
+            )
+        return cls(
+            log_dir=Path(log_dir) if log_dir else None,
+            redirects=red,
+            tee=teed,
+            local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
+            global_ranks=parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter else None,
+            prefix=prefix,
+        )
+
+    def routing(self, plan: Plan) -> Routing:
+        """torchrun's rules: redirected streams go to files only, teed ones to files and console. With --log-dir
+        and neither option, everything goes to both (torchrun would write nothing). Filters naming ranks the plan
+        does not have are errors."""
+        n = len(plan.ranks)
+        if self.local_ranks is not None:
+            check_rank_filter(self.local_ranks, n, "--local-ranks-filter", "local rank")
+        if self.global_ranks is not None:
+            check_rank_filter(self.global_ranks, plan.world_size, "--ranks-filter", "rank")
+        red = resolve_std(self.redirects, n, "--redirects") if self.redirects is not None else {}
+        teed = resolve_std(self.tee, n, "--tee") if self.tee is not None else {}
+        have_dir = self.log_dir is not None
+        files: dict[int, Std] = {}
+        console: dict[int, Std] = {}
+        for slot in plan.ranks:
+            lr = slot.local_rank
+            r, t = red.get(lr, Std.NONE), teed.get(lr, Std.NONE)
+            if have_dir and self.redirects is None and self.tee is None:
+                files[lr] = Std.ALL
+            else:
+                files[lr] = (r | t) if have_dir else Std.NONE
+            console[lr] = Std(Std.ALL & ~(r & ~t)) if self._shown(lr, slot.rank) else Std.NONE
+        return Routing(files=files, console=console, prefix=self.prefix)
+
+    def _shown(self, local_rank: int, rank: int) -> bool:
+        return (self.local_ranks is None or local_rank in self.local_ranks) and (
+            self.global_ranks is None or rank in self.global_ranks)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One launch, every option parsed and checked; nothing has been started when it exists."""
+
+    target: Target
+    python: str  # the interpreter for script, module and run_path targets (PYTHON_EXEC or the launcher's own)
+    cwd: Path
+    env: Mapping[str, str]  # the launcher's environment, which workers inherit
+    nodes: NodeSetup
+    store_address: StoreAddress
+    request: Request
+    store: StoreBackend = "python"
+    signals: tuple[signal.Signals, ...] = ()
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    monitor_interval: float = 0.1
+    max_restarts: int = 0
+    role: str = "default"
+    rdzv_id: str | None = None  # --rdzv-id as given; None or "none": a fresh run id (nodes/launcher.py)
+    rdzv_backend: str = "static"
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    output: OutputConfig = field(default_factory=OutputConfig)
+    fast_start: bool = False
+    preloads: tuple[str, ...] = ()  # modules the fast-start process imports before forking the ranks
+    wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
+    dry_run: bool = False
+
+    @property
+    def given_run_id(self) -> str | None:
+        """The run id --rdzv-id names, or None for a fresh one (torchrun's default id is the string `none`)."""
+        return self.rdzv_id if self.rdzv_id and self.rdzv_id != "none" else None

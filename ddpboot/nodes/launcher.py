@@ -1,0 +1,156 @@
+"""The node setup a launcher runs with, from its node options: one node, a fixed node count, or an elastic range.
+
+Every check here runs before anything starts and exits 2 with one message. Option values arrive explicit: None for
+an option that was not given, so that SLURM (or one node) supplies it; a default is never mistaken for a choice.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
+from ddpboot.contract import is_tcp_port
+from ddpboot.errors import UsageError
+from ddpboot.nodes.elastic import default_run_id, elastic_nodes
+from ddpboot.nodes.static import LOOPBACK, NodeSetup, check_resolvable, parse_endpoint, parse_node_range, resolve_nodes
+from ddpboot.tcpstore.address import bind_store_socket, is_loopback
+
+SEVERAL_NODES_HINT = (
+    "for several nodes give --nnodes N with --node-rank and --master-addr (a fixed node count, or srun under SLURM), "
+    "or --nnodes MIN:MAX with --rdzv-backend c10d --rdzv-endpoint HOST:PORT (an elastic job)."
+)
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """The launcher's node and store options, None where not given (torchrun's names and meanings)."""
+
+    nnodes: str | None = None  # N, or MIN:MAX (elastic); None: SLURM's node count, else 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str = ""
+    rdzv_backend: str = "static"
+    standalone: bool = False
+    local_addr: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where this launcher's store listens, and the MASTER_ADDR/MASTER_PORT its workers get."""
+
+    bind_addr: str
+    master_addr: str
+    port: int | None  # None: a free port, bound by the launcher itself (no race between choice and use)
+
+
+def launcher_nodes(
+    options: NodeOptions, env: Mapping[str, str], max_restarts: int = 0, ranks_filter: str | None = None
+) -> NodeSetup:
+    """Node count, node rank and store address: flags > SLURM step (one ddpboot per node) > one node. For several
+    nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in torchrun, and the master address
+    must resolve now: a name that does not would make every worker hang. An elastic range (MIN:MAX) goes to torch's
+    c10d rendezvous (launch/elastic/), which decides the node rank at each round."""
+    text = "1" if options.nnodes is None else options.nnodes
+    low, high = parse_node_range(text)
+    if low != high:
+        unused = {"--node-rank": options.node_rank, "--master-addr": options.master_addr,
+                  "--master-port": options.master_port}
+        return elastic_nodes(text.strip(), low, high, options.rdzv_endpoint, standalone=options.standalone,
+                             rdzv_backend=options.rdzv_backend, ranks_filter=ranks_filter,
+                             local_addr=options.local_addr,
+                             ignored_options=tuple(flag for flag, value in unused.items() if value is not None))
+    if options.standalone:
+        _check_one_node(text, low, env)
+        return resolve_nodes({})
+    nodes = _fixed_nodes(options, None if options.nnodes is None else low, env)
+    if nodes.nnodes == 1:
+        return nodes
+    if max_restarts:
+        raise UsageError(
+            f"--max-restarts {max_restarts} with {nodes.nnodes} nodes: restarting needs every node to agree on a new "
+            "round, which static multi-node jobs do not have yet. Drop --max-restarts (under SLURM, requeue the job: "
+            "scripts/slurm/requeue.sbatch), or restart on one node."
+        )
+    check_resolvable(nodes.master_addr, timeout=5.0)
+    return nodes
+
+
+def _fixed_nodes(options: NodeOptions, nnodes: int | None, env: Mapping[str, str]) -> NodeSetup:
+    nodes = resolve_nodes(env, nnodes, options.node_rank, options.master_addr, options.master_port)
+    endpoint = options.rdzv_endpoint
+    if nodes.nnodes > 1 and endpoint and (options.master_addr is None or options.master_port is None):
+        host, port = parse_endpoint(endpoint)
+        nodes = resolve_nodes(env, nnodes, options.node_rank, options.master_addr or host or None,
+                              options.master_port or port)
+    return nodes
+
+
+def _check_one_node(text: str, count: int, env: Mapping[str, str]) -> None:
+    """`--standalone` is one node; torchrun writes a fixed node count as `1:1`."""
+    if count > 1:
+        shown = str(count) if ":" in text else text.strip()
+        raise UsageError(f"--nnodes {shown} with --standalone, a one-node job: drop --standalone; {SEVERAL_NODES_HINT}")
+    if in_srun_step(env):
+        # Inside `srun -N2 ddpboot ...` each node's launcher would otherwise run a world of its own.
+        spanned = slurm_node_info(env).nnodes
+        if spanned > 1:
+            raise UsageError(f"this srun step spans {spanned} nodes: {SEVERAL_NODES_HINT}")
+
+
+def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
+    """Several nodes: node 0's address and port. One node: loopback unless --master-addr names another address of
+    this machine (then the store listens there only, not on every interface as torchrun's does)."""
+    if nodes.nnodes > 1:
+        addr = nodes.master_addr
+        return StoreAddress(addr, LOOPBACK if is_loopback(addr) else addr, nodes.master_port)
+    port = options.master_port
+    if port is not None and not is_tcp_port(port):
+        raise UsageError(f"--master-port {port} is not a TCP port (1-65535).")
+    endpoint = options.rdzv_endpoint
+    if endpoint and not options.standalone:
+        host, endpoint_port = parse_endpoint(endpoint)
+        if host and not is_loopback(host) and host not in (socket.gethostname(), socket.getfqdn()):
+            raise UsageError(
+                f"--rdzv-endpoint {endpoint}: {host} is another host, and a one-node job serves its store here. "
+                f"Drop --rdzv-endpoint (or give localhost:PORT); {SEVERAL_NODES_HINT}"
+            )
+        if endpoint_port and port is None:
+            port = endpoint_port
+    addr = options.master_addr or LOOPBACK
+    addr = LOOPBACK if is_loopback(addr) else addr
+    return StoreAddress(addr, addr, port or None)
+
+
+def bind_node_store(nodes: NodeSetup, store: StoreAddress) -> socket.socket:
+    """The store's socket: on the master address for node 0 (or one node); on other nodes a private loopback one
+    that nobody uses, since their workers connect to node 0's."""
+    if nodes.node_rank != 0:
+        return bind_store_socket(LOOPBACK, None)
+    try:
+        return bind_store_socket(store.bind_addr, store.port)
+    except UsageError as exc:
+        if nodes.nnodes == 1 or "not an address of this machine" not in str(exc):
+            raise
+        raise UsageError(
+            f"--master-addr {store.bind_addr} is not an address of this machine, and this is node 0 (--node-rank 0), "
+            "which serves the job's store on the master address. Run node rank 0 on the machine that has that "
+            "address, or give an address of this machine as --master-addr on every node."
+        ) from None
+
+
+def new_run_id(nodes: NodeSetup, env: Mapping[str, str]) -> str:
+    """A fresh id for one node. On several nodes every launcher must give its workers the same
+    TORCHELASTIC_RUN_ID without talking first: the SLURM job and step ids, else the store's address."""
+    if nodes.source == "elastic" and nodes.rdzv_endpoint:
+        return default_run_id(nodes.rdzv_endpoint)
+    if nodes.nnodes > 1:
+        job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+        if nodes.source == "slurm" and job and step:
+            return f"slurm-{job}.{step}"
+        return f"nodes-{nodes.master_addr}-{nodes.master_port}"
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]

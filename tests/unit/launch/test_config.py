@@ -1,0 +1,122 @@
+"""A launch's options parsed once into typed values (ddpboot/launch/config.py), and torchrun's output rules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.config import (
+    LaunchConfig,
+    OutputConfig,
+    check_torchrun_options,
+    parse_preloads,
+    parse_store_backend,
+    target_kind,
+)
+from ddpboot.launch.options import Std
+from ddpboot.launch.spec import Target
+from ddpboot.nodes.launcher import StoreAddress
+from ddpboot.nodes.static import resolve_nodes
+from ddpboot.selection.inventory import fake_inventory
+from ddpboot.selection.planner import Plan, make_plan
+from ddpboot.selection.request import parse_request
+
+
+def plan(n: int = 3) -> Plan:
+    return make_plan(parse_request(nproc=str(n)), fake_inventory("8"), {}, cpu_count=16)
+
+
+def test_routing_follows_torchruns_redirect_and_tee_rules() -> None:
+    p = plan(3)
+    # No log dir: console only.
+    r = OutputConfig().routing(p)
+    assert all(r.files[i] == Std.NONE and r.console[i] == Std.ALL for i in range(3))
+    # A log dir alone: everything to files and console.
+    r = OutputConfig(log_dir=Path("logs")).routing(p)
+    assert all(r.files[i] == Std.ALL and r.console[i] == Std.ALL for i in range(3))
+    # -r 0:1 -t 1:3: rank 0's stdout to its file only; rank 1 both, shown; rank 2 console only.
+    r = OutputConfig(log_dir=Path("logs"), redirects={0: Std.OUT}, tee={1: Std.ALL}).routing(p)
+    assert (r.files[0], r.console[0]) == (Std.OUT, Std.ERR)
+    assert (r.files[1], r.console[1]) == (Std.ALL, Std.ALL)
+    assert (r.files[2], r.console[2]) == (Std.NONE, Std.ALL)
+    # Filters: local rank 1 and global rank 2 → nothing shown (both must pass).
+    r = OutputConfig(local_ranks=frozenset({1, 2}), global_ranks=frozenset({2}), prefix=False).routing(p)
+    assert [r.console[i] for i in range(3)] == [Std.NONE, Std.NONE, Std.ALL]
+    assert r.prefix is False
+
+
+def test_routing_checks_the_filters_and_maps_against_the_plan() -> None:
+    with pytest.raises(UsageError, match="--local-ranks-filter names local rank 3"):
+        OutputConfig(local_ranks=frozenset({3})).routing(plan(2))
+    with pytest.raises(UsageError, match="--ranks-filter names rank 7"):
+        OutputConfig(global_ranks=frozenset({0, 7})).routing(plan(2))
+    with pytest.raises(UsageError, match="--redirects names local rank 5, but this node runs 2 ranks"):
+        OutputConfig(log_dir=Path("logs"), redirects={5: Std.OUT}).routing(plan(2))
+
+
+def test_output_options_parse() -> None:
+    out = OutputConfig.parse("logs", "0:1", "3", "0,1", None, prefix=False)
+    assert out == OutputConfig(Path("logs"), {0: Std.OUT}, Std.ALL, frozenset({0, 1}), None, False)
+    assert OutputConfig.parse(None, "0", None, None, None, True).redirects == Std.NONE  # writes nothing: no dir
+    for redirects, tee in (("3", None), (None, "0:2")):
+        with pytest.raises(UsageError, match="-r/--redirects and -t/--tee write worker output to files"):
+            OutputConfig.parse(None, redirects, tee, None, None, True)
+    with pytest.raises(UsageError, match="--ranks-filter 'x'"):
+        OutputConfig.parse(None, None, None, None, "x", True)
+
+
+@pytest.mark.parametrize(
+    ("module", "no_python", "run_path", "kind"),
+    [(False, False, False, "script"), (True, False, False, "module"), (False, True, False, "binary"),
+     (False, False, True, "run_path"), (False, True, True, "run_path")],
+)
+def test_target_kinds(module: bool, no_python: bool, run_path: bool, kind: str) -> None:
+    assert target_kind(module, no_python, run_path) == kind
+
+
+def test_contradictory_target_kinds() -> None:
+    with pytest.raises(UsageError, match="-m/--module and --no-python contradict each other"):
+        target_kind(True, True, False)
+    with pytest.raises(UsageError, match="--run-path runs a script file"):
+        target_kind(True, False, True)
+
+
+def test_store_backends() -> None:
+    assert parse_store_backend(" Torch ") == "torch" and parse_store_backend("python") == "python"
+    with pytest.raises(UsageError, match="--store 'foo': choose python"):
+        parse_store_backend("foo")
+
+
+def test_preloads() -> None:
+    assert parse_preloads("numpy, json.decoder,", fast_start=True) == ("numpy", "json.decoder")
+    assert parse_preloads("", fast_start=False) == ()
+    with pytest.raises(UsageError, match="only with --fast-start"):
+        parse_preloads("numpy", fast_start=False)
+    with pytest.raises(UsageError, match="'a-b' is not a module name"):
+        parse_preloads("a-b", fast_start=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((-1, "spawn", "", "static"), "--max-restarts -1"),
+        ((0, "thread", "", "static"), "--start-method 'thread'"),
+        ((0, "spawn", "timeout", "static"), "is not KEY=VALUE"),
+        ((0, "spawn", "", "zookeeper"), "--rdzv-backend 'zookeeper'"),
+    ],
+)
+def test_torchrun_options_keep_torchruns_choices(args: tuple[int, str, str, str], message: str) -> None:
+    check_torchrun_options(0, "fork", "join_timeout=5", "C10D")
+    with pytest.raises(UsageError, match=message):
+        check_torchrun_options(*args)
+
+
+def test_a_given_run_id_unless_torchruns_none() -> None:
+    base = LaunchConfig(Target("script", "train.py"), "python", Path("."), {}, resolve_nodes({}),
+                        StoreAddress("127.0.0.1", "127.0.0.1", None), parse_request())
+    assert base.given_run_id is None
+    assert replace(base, rdzv_id="none").given_run_id is None
+    assert replace(base, rdzv_id="job7").given_run_id == "job7"

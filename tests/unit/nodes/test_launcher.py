@@ -1,0 +1,136 @@
+"""The node setup a launcher runs with, from its node options given explicitly (None: not given)."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+
+from ddpboot.errors import UsageError
+from ddpboot.nodes.launcher import (
+    SEVERAL_NODES_HINT,
+    NodeOptions,
+    StoreAddress,
+    bind_node_store,
+    launcher_nodes,
+    new_run_id,
+    store_address,
+)
+from ddpboot.nodes.static import resolve_nodes
+
+SRUN = {  # the launcher on the second of two nodes, started by srun with --ntasks-per-node=1
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_NODELIST": "localhost",
+}
+
+
+def test_no_option_is_one_node() -> None:
+    nodes = launcher_nodes(NodeOptions(), {})
+    assert (nodes.nnodes, nodes.node_rank, nodes.source) == (1, 0, "single")
+
+
+def test_options_not_given_leave_the_choice_to_slurm() -> None:
+    nodes = launcher_nodes(NodeOptions(), SRUN)
+    assert (nodes.nnodes, nodes.node_rank, nodes.source) == (2, 1, "slurm")
+    given = launcher_nodes(NodeOptions(node_rank=0), SRUN)  # an explicit node rank wins, with a note
+    assert given.node_rank == 0 and any("--node-rank 0 overrides SLURM's 1" in n for n in given.notes)
+
+
+def test_a_fixed_count_takes_the_store_port_from_the_rendezvous_endpoint() -> None:
+    options = NodeOptions(nnodes="2", node_rank=1, master_addr="127.0.0.1", rdzv_endpoint="localhost:29555")
+    nodes = launcher_nodes(options, {})
+    assert (nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port) == (2, 1, "127.0.0.1", 29555)
+    assert launcher_nodes(NodeOptions(nnodes="2:2", node_rank=1, master_addr="127.0.0.1"), {}).nnodes == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (NodeOptions(nnodes="2", node_rank=1, master_addr="no-such-host.invalid"), "not resolve"),
+        (NodeOptions(nnodes="2", master_addr="127.0.0.1", node_rank=3), r"outside 0\.\.1"),
+        (NodeOptions(nnodes="2", standalone=True), "--nnodes 2 with --standalone, a one-node job"),
+        (NodeOptions(nnodes="2:2", standalone=True), "--nnodes 2 with --standalone"),
+        (NodeOptions(nnodes="1:2", standalone=True), "--standalone is a one-node job and --nnodes 1:2"),
+        (NodeOptions(nnodes="1:2"), "--rdzv-backend is static and --rdzv-endpoint is missing"),
+        (NodeOptions(nnodes="3:2"), r"MIN \(3\) is above MAX \(2\)"),
+    ],
+)
+def test_bad_node_options(options: NodeOptions, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        launcher_nodes(options, {})
+
+
+def test_several_nodes_cannot_restart_yet() -> None:
+    with pytest.raises(UsageError, match="--max-restarts 2 with 2 nodes"):
+        launcher_nodes(NodeOptions(nnodes="2", node_rank=1, master_addr="127.0.0.1"), {}, max_restarts=2)
+
+
+def test_standalone_is_one_node_whatever_else_is_said() -> None:
+    nodes = launcher_nodes(NodeOptions(nnodes="1:1", node_rank=3, standalone=True), {})
+    assert nodes == resolve_nodes({})
+    with pytest.raises(UsageError, match=f"this srun step spans 2 nodes: {re.escape(SEVERAL_NODES_HINT)}"):
+        launcher_nodes(NodeOptions(standalone=True), SRUN)
+
+
+def test_an_elastic_range_notes_the_options_it_does_not_use() -> None:
+    options = NodeOptions(nnodes="1:2", node_rank=1, master_port=5, rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:29411")
+    nodes = launcher_nodes(options, {})
+    assert (nodes.source, nodes.min_nodes, nodes.max_nodes, nodes.rdzv_endpoint) == (
+        "elastic", 1, 2, "127.0.0.1:29411")
+    assert any(n.startswith("--node-rank, --master-port not used by an elastic job") for n in nodes.notes)
+    with pytest.raises(UsageError, match="--ranks-filter names global ranks"):
+        launcher_nodes(options, {}, ranks_filter="0")
+
+
+def test_one_node_store_address() -> None:
+    one = resolve_nodes({})
+    assert store_address(one, NodeOptions()) == StoreAddress("127.0.0.1", "127.0.0.1", None)
+    assert store_address(one, NodeOptions(master_addr="localhost", master_port=29588)) == StoreAddress(
+        "127.0.0.1", "127.0.0.1", 29588)
+    assert store_address(one, NodeOptions(rdzv_endpoint="localhost:29577")).port == 29577
+    assert store_address(one, NodeOptions(rdzv_endpoint="localhost:0")).port is None
+    with pytest.raises(UsageError, match="--master-port 70000 is not a TCP port"):
+        store_address(one, NodeOptions(master_port=70000))
+    with pytest.raises(UsageError, match="is another host, and a one-node job serves its store here"):
+        store_address(one, NodeOptions(rdzv_endpoint="otherhost.example:29500"))
+
+
+def test_several_nodes_store_address_is_node_0s() -> None:
+    nodes = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29511)
+    assert store_address(nodes, NodeOptions()) == StoreAddress("10.0.0.1", "10.0.0.1", 29511)
+
+
+def test_only_node_0_binds_the_store_address() -> None:
+    one = resolve_nodes({})
+    with bind_node_store(one, StoreAddress("127.0.0.1", "127.0.0.1", None)) as sock:
+        port = sock.getsockname()[1]
+        with pytest.raises(UsageError):
+            bind_node_store(one, StoreAddress("127.0.0.1", "127.0.0.1", port)).close()  # in use
+        other = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=port)
+        with bind_node_store(other, StoreAddress("127.0.0.1", "127.0.0.1", port)) as private:
+            assert private.getsockname()[1] != port
+    first = resolve_nodes({}, nnodes=2, node_rank=0, master_addr="10.99.99.99", master_port=29512)
+    with pytest.raises(UsageError, match="this is node 0 \\(--node-rank 0\\)"):
+        bind_node_store(first, StoreAddress("10.99.99.99", "10.99.99.99", 29512))
+
+
+def test_run_ids_agree_across_nodes_without_talking() -> None:
+    nodes = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29511)
+    assert new_run_id(nodes, {}) == "nodes-10.0.0.1-29511"
+    slurm = resolve_nodes(SRUN)
+    assert new_run_id(slurm, SRUN) == "slurm-4242.0"
+    fresh = {new_run_id(resolve_nodes({}), {}) for _ in range(3)}
+    assert len(fresh) == 3 and all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", r) for r in fresh)
+
+
+def test_hostname_counts_as_this_machine() -> None:
+    one = resolve_nodes({})
+    assert store_address(one, NodeOptions(rdzv_endpoint=f"{socket.gethostname()}:29578")).port == 29578
