@@ -9,6 +9,9 @@ The wire format is in protocol.py and what each request does in commands.py. A r
 only ever appends codes) closes that client's connection with a message naming `--store torch` (torch's own server
 on the same socket) as the way out.
 
+Only the job's owner and root may use the store: a loopback connection of any other uid is closed as it is
+accepted, before a byte of it is read (owner.py; docs/security.md).
+
 The server listens on a socket the launcher bound itself (loopback, no port race) and lives in the guardian
 process (launch/procs/guardian.py), so it serves every restart of the group; `reset()` empties it between attempts,
 as torchrun gives each attempt a fresh store (stale keys of a dead attempt would otherwise be read by the next one,
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from ddpboot.tcpstore.commands import Connection, KeyValues
+from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
 from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader
 
 TRACE_VAR = "DDPBOOT_STORE_TRACE"
@@ -37,9 +41,18 @@ class StoreServer:
     `register()` adds the listening socket to the caller's selector; the caller passes every ready key whose
     `data` is this server to `handle()`. Single-threaded: requests are answered in arrival order, and a WAIT
     is parked until its keys exist.
+
+    `allowed_uids`: the uids whose loopback connections are served; by default the server process's own uid and
+    root (0). None turns the check off (only for tests of a store open to every local user).
     """
 
-    def __init__(self, listener: socket.socket, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        warn: Callable[[str], None] | None = None,
+        *,
+        allowed_uids: frozenset[int] | Allow | None = Allow.OWNER_AND_ROOT,
+    ) -> None:
         self.listener = listener
         self.listener.setblocking(False)
         self.sel: selectors.BaseSelector | None = None
@@ -47,6 +60,8 @@ class StoreServer:
         self.clients: dict[int, Connection] = {}
         self.warn = warn or (lambda msg: print(f"ddpboot: store: {msg}", file=sys.stderr, flush=True))
         self._warned: set[str] = set()
+        allowed = resolve_allowed_uids(allowed_uids)
+        self.gate = OwnerGate(allowed, self.warn) if allowed is not None else None
         # DDPBOOT_STORE_TRACE=FILE: one line per request (type and first bytes), to diagnose a client that hangs.
         trace = os.environ.get(TRACE_VAR)
         self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
@@ -86,6 +101,8 @@ class StoreServer:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.listener)
         self.listener.close()
+        if self.gate is not None:
+            self.gate.close()
 
     # --- connections -----------------------------------------------------------------------------
 
@@ -99,6 +116,9 @@ class StoreServer:
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
                 self._warn_once("accept", f"cannot accept a connection: {exc}")
                 return
+            if self.gate is not None and not self.gate.admit(sock):
+                sock.close()  # unread: the client gets no answer
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.clients[sock.fileno()] = Connection(sock)

@@ -1,0 +1,159 @@
+"""The store server's owner check (ddpboot.tcpstore.server with owner.py), driven step by step over real sockets:
+a refused client gets no answer and changes nothing, a client gone before its accept is refused, and other
+addresses than loopback are served as before."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ddpboot.tcpstore.peer import SocketTables
+from ddpboot.tcpstore.server import StoreServer
+
+
+def _vec(data: bytes) -> bytes:
+    return struct.pack("=Q", len(data)) + data
+
+
+VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
+SET_KEY = struct.pack("=B", 1) + _vec(b"key") + _vec(b"value")
+GETNUMKEYS = struct.pack("=B", 7)
+OTHER_UID = frozenset({os.getuid() + 1})
+
+
+class Served:
+    """A StoreServer on `host`, pumped by the test (no thread): nothing happens between two `pump` calls."""
+
+    def __init__(self, host: str, **options: object) -> None:
+        self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.listener.bind((host, 0))
+        self.listener.listen()
+        self.warnings: list[str] = []
+        self.server = StoreServer(self.listener, self.warnings.append, **options)  # type: ignore[arg-type]
+        self.sel = selectors.DefaultSelector()
+        self.server.register(self.sel)
+        self.address = self.listener.getsockname()[:2]
+
+    def pump(self, until: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert time.monotonic() < deadline, "the server did not get there in time"
+            for key, events in self.sel.select(0.01):
+                self.server.handle(key, events)
+
+    def close(self) -> None:
+        self.server.close()
+        self.sel.close()
+
+
+@pytest.fixture
+def served() -> Iterator[Callable[..., Served]]:
+    made: list[Served] = []
+
+    def make(host: str = "127.0.0.1", **options: object) -> Served:
+        made.append(Served(host, **options))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _outcome(sock: socket.socket, served: Served) -> bytes | None:
+    """What the client receives, pumping the server meanwhile: the answer's bytes, or None when it is closed."""
+    sock.setblocking(False)
+    got: list[bytes | None] = []
+
+    def received() -> bool:
+        try:
+            data = sock.recv(64)
+        except BlockingIOError:
+            return False
+        except ConnectionResetError:
+            data = b""
+        got.append(data or None)
+        return True
+
+    served.pump(received)
+    return got[0]
+
+
+def test_another_uid_gets_no_answer_and_changes_nothing(served: Callable[..., Served]) -> None:
+    store = served(allowed_uids=OTHER_UID)
+    for _ in range(2):
+        with socket.create_connection(store.address) as client:
+            client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+            assert _outcome(client, store) is None
+    assert store.server.data == {}
+    assert len(store.warnings) == 1, store.warnings
+    assert store.warnings[0].startswith(f"refused a connection from uid {os.getuid()} ")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_owner_is_served(served: Callable[..., Served], host: str) -> None:
+    try:
+        store = served(host)
+    except OSError:
+        pytest.skip(f"no {host} here")
+    with socket.create_connection(store.address) as client:
+        client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+        assert _outcome(client, store) == struct.pack("=q", 1)
+    assert store.warnings == []
+
+
+def _gone_before_accept(store: Served) -> None:
+    """A client that connects, sends a SET and closes, all before the server accepts it; back once the kernel
+    has turned its socket into a timewait record (uid 0)."""
+    client = socket.create_connection(store.address)
+    peer = client.getsockname()[:2]
+    client.sendall(VALIDATE + SET_KEY)
+    client.close()
+    tables = SocketTables()
+    deadline = time.monotonic() + 10
+    while (entry := tables.find(peer, store.address)) is not None and entry.owner_known:
+        assert time.monotonic() < deadline, entry
+        time.sleep(0.01)
+    tables.close()
+
+
+def test_a_client_gone_before_its_accept_is_refused_not_taken_for_root(served: Callable[..., Served]) -> None:
+    store = served()
+    _gone_before_accept(store)
+    store.pump(lambda: bool(store.warnings))
+    assert store.server.data == {}
+    assert "whose it was is unknown" in store.warnings[0]
+
+
+def test_without_the_check_that_client_writes_its_key(served: Callable[..., Served]) -> None:
+    store = served(allowed_uids=None)
+    _gone_before_accept(store)
+    store.pump(lambda: store.server.data == {b"key": b"value"})
+    assert store.warnings == []
+
+
+def _routable_address() -> str | None:
+    """An address of this machine that is not loopback (the one on the default route), if any."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # UDP: no packet is sent
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_other_addresses_are_not_judged_by_uid(served: Callable[..., Served]) -> None:
+    address = _routable_address()
+    if address is None:
+        pytest.skip("this machine has no address besides loopback")
+    store = served(address, allowed_uids=OTHER_UID)
+    with socket.create_connection(store.address) as client:
+        client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+        assert _outcome(client, store) == struct.pack("=q", 1)
+    assert store.warnings == []
