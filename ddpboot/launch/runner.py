@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ddpboot.contract import STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig
 from ddpboot.launch.logs import run_dir
+from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.nodes.launcher import bind_node_store, new_run_id
 from ddpboot.nodes.static import NodeSetup, cluster_info
@@ -142,6 +143,9 @@ def _run(config: LaunchConfig) -> int:
         plan = _with_nodes(plan, nodes)
         for note in nodes.notes:
             say(f"note: {note}")
+        counted = isolation_note(plan, config.target, config.cwd)
+        if counted:
+            say(f"note: {counted}")
         spec = launch_spec(config, plan)
         log_dir = config.output.log_dir
         if nodes.source == "elastic":  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
