@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,3 +23,15 @@ def fake_gpus(tmp_path: Path) -> Callable[[Iterable[dict[str, Any]]], str]:
         return str(path)
 
     return write
+
+
+@pytest.fixture
+def store_port() -> Iterator[int]:
+    """ddpboot's store server on a loopback port, in a daemon thread (it serves until the test process ends)."""
+    from ddpboot.tcpstore.server import serve_forever
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    threading.Thread(target=serve_forever, args=(sock,), daemon=True).start()
+    yield int(sock.getsockname()[1])

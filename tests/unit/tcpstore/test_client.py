@@ -5,32 +5,23 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
 from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
-from ddpboot.tcpstore.server import serve_forever
 
 
-def _listener() -> socket.socket:
+def listener() -> socket.socket:
+    """A listening loopback socket on a free port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     return sock
 
 
-@pytest.fixture
-def server() -> Iterator[int]:
-    """ddpboot's store server on a loopback port, in a daemon thread (it serves until the test process ends)."""
-    sock = _listener()
-    threading.Thread(target=serve_forever, args=(sock,), daemon=True).start()
-    yield int(sock.getsockname()[1])
-
-
-def test_set_get_add_check(server: int) -> None:
-    with StoreClient("127.0.0.1", server) as c:
+def test_set_get_add_check(store_port: int) -> None:
+    with StoreClient("127.0.0.1", store_port) as c:
         c.set("a", b"1")
         assert c.get("a") == b"1"
         assert c.add("n", 2) == 2
@@ -40,8 +31,8 @@ def test_set_get_add_check(server: int) -> None:
         assert not c.check(["a", "missing"])
 
 
-def test_wait_returns_when_another_client_sets_the_key(server: int) -> None:
-    with StoreClient("127.0.0.1", server) as waiter, StoreClient("127.0.0.1", server) as setter:
+def test_wait_returns_when_another_client_sets_the_key(store_port: int) -> None:
+    with StoreClient("127.0.0.1", store_port) as waiter, StoreClient("127.0.0.1", store_port) as setter:
         done = threading.Event()
 
         def wait() -> None:
@@ -56,21 +47,21 @@ def test_wait_returns_when_another_client_sets_the_key(server: int) -> None:
         assert done.is_set()
 
 
-def test_wait_times_out_and_the_connection_stays_usable(server: int) -> None:
-    with StoreClient("127.0.0.1", server) as c:
+def test_wait_times_out_and_the_connection_stays_usable(store_port: int) -> None:
+    with StoreClient("127.0.0.1", store_port) as c:
         with pytest.raises(StoreTimeout):
             c.wait(["never"], timeout=0.2)
         c.set("after", "ok")
         assert c.get("after") == b"ok"
 
 
-def test_get_of_a_missing_key_times_out(server: int) -> None:
-    with StoreClient("127.0.0.1", server) as c, pytest.raises(StoreTimeout):
+def test_get_of_a_missing_key_times_out(store_port: int) -> None:
+    with StoreClient("127.0.0.1", store_port) as c, pytest.raises(StoreTimeout):
         c.get("never", timeout=0.2)
 
 
 def test_nothing_listening_is_reported_by_the_deadline() -> None:
-    sock = _listener()
+    sock = listener()
     port = int(sock.getsockname()[1])
     sock.close()
     with pytest.raises(StoreGone, match="cannot connect"):
@@ -78,7 +69,7 @@ def test_nothing_listening_is_reported_by_the_deadline() -> None:
 
 
 def test_a_closed_server_is_store_gone() -> None:
-    sock = _listener()
+    sock = listener()
     port = int(sock.getsockname()[1])
     accepted: list[socket.socket] = []
 
@@ -98,7 +89,7 @@ def test_a_closed_server_is_store_gone() -> None:
 
 def test_speaks_to_torchs_own_server() -> None:
     dist = pytest.importorskip("torch.distributed")
-    sock = _listener()
+    sock = listener()
     host, port = sock.getsockname()[:2]
     store = dist.TCPStore(host, port, is_master=True, master_listen_fd=sock.fileno(), wait_for_workers=False,
                           timeout=timedelta(seconds=5))
@@ -114,53 +105,3 @@ def test_speaks_to_torchs_own_server() -> None:
             c.wait(["never"], timeout=0.2)
         assert c.check(["/count"])
     del store
-
-
-# --- the nodes' check-in (ddpboot.nodes.check) -----------------------------------------------
-
-
-def _check_all(port: int, sizes: list[int], ranks: list[int] | None = None, timeout: float = 30) -> list[str]:
-    """Run check_nodes for every node in threads; each node's outcome: "ok" or its error message."""
-    from ddpboot.errors import UsageError
-    from ddpboot.nodes.check import check_nodes
-
-    ranks = ranks if ranks is not None else list(range(len(sizes)))
-    out = [""] * len(sizes)
-
-    def node(i: int) -> None:
-        try:
-            check_nodes("127.0.0.1", port, len(sizes), ranks[i], sizes[i], timeout=timeout, host=f"h{i}")
-            out[i] = "ok"
-        except UsageError as exc:
-            out[i] = str(exc)
-
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(len(sizes))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out
-
-
-def test_nodes_that_agree_pass(server: int) -> None:
-    assert _check_all(server, [2, 2, 2]) == ["ok", "ok", "ok"]
-
-
-def test_mismatched_rank_counts_are_reported_on_every_node(server: int) -> None:
-    out = _check_all(server, [2, 1])
-    for msg in out:
-        assert "node 0 (h0): 2, node 1 (h1): 1" in msg and "same --nproc" in msg
-
-
-def test_a_node_that_never_comes_is_reported_by_the_deadline(server: int) -> None:
-    from ddpboot.errors import UsageError
-    from ddpboot.nodes.check import check_nodes
-
-    with pytest.raises(UsageError, match=r"node 1 of 2 did not join .* within 0.3 s"):
-        check_nodes("127.0.0.1", server, 2, 0, 2, timeout=0.3)
-
-
-def test_two_launchers_claiming_one_node_rank_are_reported(server: int) -> None:
-    out = _check_all(server, [2, 2, 2], ranks=[0, 1, 1], timeout=1)
-    assert any("two launchers claimed node rank 1" in msg for msg in out), out
-    assert "ok" not in out[1:]
