@@ -137,7 +137,7 @@ def reports(out: Path) -> dict[int, dict[str, Any]]:
 def gone(pid: int) -> bool:
     """Dead: no such process, or a zombie waiting for whoever adopted it."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

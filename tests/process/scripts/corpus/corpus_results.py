@@ -1,0 +1,24 @@
+"""What every corpus script reports: one JSON file per rank in $CORPUS_OUT, named after the script and the rank.
+
+The test compares these files between launchers, so they hold only what must not depend on the launcher (ranks,
+world size, backend, a checksum of the trained parameters), plus the pids the rank saw (its own and its children's)
+for the check that nothing outlives the job."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def checksum(parameters) -> float:  # type: ignore[no-untyped-def]
+    """The sum of every parameter, in float64: equal across ranks after a DDP step, and between launchers."""
+    return float(sum(p.detach().double().sum().item() for p in parameters))
+
+
+def write_result(rank: int, **facts: object) -> None:
+    name = Path(sys.argv[0]).stem
+    data = {"script": name, "rank": rank, "pid": os.getpid(), "local_rank_env": os.environ.get("LOCAL_RANK"), **facts}
+    out = Path(os.environ["CORPUS_OUT"])
+    tmp = out / f".{name}.rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(data))
+    tmp.rename(out / f"{name}.rank{rank}.json")  # whole or absent: the test never reads a half-written file
