@@ -1,4 +1,5 @@
-"""Each worker's command line and environment: torchrun's contract (FACTS.md §1) plus the rank's GPUs. Pure.
+"""Each worker's command line and environment: torchrun's contract (the variables torchrun 2.13 sets for each
+worker) plus the rank's GPUs. Pure.
 
 Why LOCAL_RANK is 0 under rank isolation: the worker's CUDA_VISIBLE_DEVICES lists only its own GPU(s), so its GPU
 is cuda:0, and an unmodified torchrun script doing `torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`,

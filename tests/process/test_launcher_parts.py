@@ -1,11 +1,10 @@
-"""The launcher's parts on their own: the store against torch's own client (and byte by byte), the output
-splitter, the signal policy."""
+"""The launcher's parts on their own, with real sockets and processes: the store against torch's own client (and
+byte by byte), the report on processes that outlive SIGKILL."""
 
 from __future__ import annotations
 
 import os
 import selectors
-import signal
 import socket
 import struct
 import subprocess
@@ -16,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.options import Std
-from ddpboot.launch.procs.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo
+from ddpboot.launch.supervisor.report import report_unkillable
+from ddpboot.launch.supervisor.workers import Worker
+from ddpboot.selection.planner import RankSlot
 from ddpboot.tcpstore.server import StoreServer
 
 # --- the store ---------------------------------------------------------------------------------------
@@ -172,125 +173,26 @@ def test_torch_clients_get_what_torchs_own_server_gives(tmp_path: Path) -> None:
         listener.close()
 
 
-# --- output ------------------------------------------------------------------------------------------
+# --- processes that outlive SIGKILL ---------------------------------------------------------------------------
 
 
-class Capture:
-    """A Console whose stdout/stderr are pipes we can read back."""
-
-    def __init__(self) -> None:
-        self.out_r, out_w = os.pipe()
-        self.err_r, err_w = os.pipe()
-        self.console = Console(out_w, err_w)
-        self.w = (out_w, err_w)
-
-    def read(self) -> tuple[bytes, bytes]:
-        for fd in self.w:
-            os.close(fd)
-        got = []
-        for fd in (self.out_r, self.err_r):
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            os.close(fd)
-            got.append(b"".join(chunks))
-        return got[0], got[1]
-
-
-def test_two_ranks_never_share_a_console_line() -> None:
-    cap = Capture()
-    a = RankStream(0, Std.OUT, cap.console, None)
-    b = RankStream(1, Std.OUT, cap.console, None)
-    a.feed(b"hel")
-    b.feed(b"wor")
-    a.feed(b"lo\nsecond")
-    b.feed(b"ld\n")
-    a.close()
-    b.close()
-    out, _ = cap.read()
-    assert out == b"[rank0]: hello\n[rank1]: world\n[rank0]: second\n"
-
-
-def test_progress_redraws_are_live_and_keep_their_prefix() -> None:
-    cap = Capture()
-    bar = RankStream(0, Std.ERR, cap.console, None)
-    other = RankStream(1, Std.OUT, cap.console, None)
-    bar.feed(b"\r 10%|#")  # tqdm: \r + bar, no terminator
-    bar.feed(b"\r 20%|##")
-    other.feed(b"note\n")  # ends the bar's line first
-    bar.feed(b"\r100%|###\n")
-    bar.close()
-    other.close()
-    out, err = cap.read()
-    assert err == b"[rank0]:  10%|#\r[rank0]:  20%|##\n[rank0]: 100%|###\n"
-    assert out == b"[rank1]: note\n"
-    assert bar.last_lines(5) == ["100%|###"]  # one line of the rank's own, shown as its last redraw
-
-
-def test_files_get_the_bytes_unchanged(tmp_path: Path) -> None:
-    log = LogFile(tmp_path / "rank0.log")
-    cap = Capture()
-    out = RankStream(0, Std.OUT, cap.console, log, prefix=False)
-    err = RankStream(0, Std.ERR, None, log)
-    out.feed(b"a\r\nb")
-    err.feed(b"E1\n")
-    out.feed(b"c\n\xff partial")
-    out.close()
-    err.close()
-    log.close()
-    assert (tmp_path / "rank0.log").read_bytes() == b"a\r\nE1\nbc\n\xff partial"
-    console_out, console_err = cap.read()
-    assert console_out == b"a\r\nbc\n\xff partial\n" and console_err == b""
-
-
-# --- signals -----------------------------------------------------------------------------------------
-
-
-HANDLED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
-
-
-def test_policy_forwards_once_and_trusts_slurm() -> None:
-    p = ForwardPolicy(HANDLED)
-    usr1 = SignalInfo(signal.SIGUSR1, 0, 4242)
-    d = p.decide(usr1, 100.0, "bash")
-    assert d.forward and not d.stop
-    assert not p.decide(usr1, 100.0 + REPEAT_WINDOW / 2, "bash").forward  # a burst: once
-    assert p.decide(usr1, 100.0 + REPEAT_WINDOW * 2, "bash").forward  # later: again
-    d = p.decide(usr1, 200.0, "slurmstepd")
-    assert not d.forward and "slurmstepd" in d.why
-    d = p.decide(usr1, 300.0, "python", from_worker=True)
-    assert not d.forward and not d.terminate_workers
-
-
-def test_policy_stops_on_terminating_signals_and_kills_on_a_second_sigint() -> None:
-    p = ForwardPolicy(HANDLED)
-    d = p.decide(SignalInfo(signal.SIGINT, 0x80, 0), 1.0)
-    assert d.forward and d.stop and not d.kill
-    d = p.decide(SignalInfo(signal.SIGINT, 0x80, 0), 1.1)
-    assert d.kill
-    p = ForwardPolicy(HANDLED)
-    d = p.decide(SignalInfo(signal.SIGTERM, 0, 7), 1.0, "slurmstepd")
-    assert d.stop and not d.forward and not d.terminate_workers  # SLURM delivered it to the workers
-    p = ForwardPolicy(HANDLED)
-    d = p.decide(SignalInfo(signal.SIGTERM, 0, 7), 1.0, "python", from_worker=True)
-    assert d.stop and not d.forward and d.terminate_workers  # nobody else will tell the other workers
-
-
-def test_processes_that_outlive_sigkill_are_named() -> None:
+def test_processes_that_outlive_sigkill_are_named(tmp_path: Path) -> None:
     """After SIGKILL the launcher can only wait for a process stuck in the kernel; it says which one and where."""
-    from types import SimpleNamespace
-
-    from ddpboot.launch.supervisor import Supervisor
-
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands in for a stuck rank's group
+    err_r, err_w = os.pipe()
     try:
-        cap = Capture()
-        sup = Supervisor.__new__(Supervisor)
-        sup.workers = [SimpleNamespace(pid=sleeper.pid, group_gone=False, slot=SimpleNamespace(rank=3))]  # type: ignore[list-item]
-        sup.console = cap.console
-        sup._report_unkillable()
-        _, err = cap.read()
-        assert f"rank 3: pid {sleeper.pid} (sleep), state sleeping, in " in err.decode()
+        console = Console(err_w, err_w)
+        slot = RankSlot(rank=3, local_rank=0, gpus=(), cuda_visible_devices="", device="cpu")
+        stream = RankStream(3, Std.OUT, None, None)
+        worker = Worker(slot, ["sleep", "60"], {}, tmp_path / "rank3.error.json", stream, stream, pid=sleeper.pid)
+        report_unkillable([worker], console)
+        worker.group_gone = True
+        report_unkillable([worker], console)  # a group known to be gone is not searched
+        os.close(err_w)
+        with os.fdopen(err_r, "rb") as f:
+            err = f.read().decode()
+        assert f"rank 3: pid {sleeper.pid} (sleep), state sleeping, in " in err
+        assert err.count("still alive") == 1
     finally:
         sleeper.kill()
         sleeper.wait()

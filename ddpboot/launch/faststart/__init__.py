@@ -21,12 +21,12 @@ from typing import Any
 
 from ddpboot.errors import DdpbootError
 from ddpboot.launch.env import substitute_local_rank
+from ddpboot.launch.faststart.zygote import MAX_MSG
 from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import Target
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
 BOOT = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__ddpboot_zygote__')"
-MAX_MSG = 1 << 22
 
 
 class FastStartError(DdpbootError):

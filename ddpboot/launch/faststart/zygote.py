@@ -38,8 +38,10 @@ import time
 import types
 from typing import Any
 
-CTL_FD = 3
-MAX_MSG = 1 << 22
+CTL_FD = 3  # where the launcher's spawn(pass_fd=...) puts the control socket
+MAX_MSG = 1 << 22  # the largest control message, either way (the launcher's side imports it from here)
+# This file imports nothing of ddpboot (it runs as its own program, and its ranks must not carry ddpboot), so the
+# little it shares with ddpboot/launch/procs/spawn.py (this prctl option, _max_fd) is written again here.
 PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -221,6 +223,17 @@ def main() -> None:
     initial = _dispositions()
     _ignore_signals()
     t0 = time.monotonic()
+    torch_version = _import_preloads(ctl, preload)
+    import_s = time.monotonic() - t0
+    gc.collect()
+    gc.freeze()  # what the ranks inherit stays shared: no collector pass touches (copies) the imported objects
+    _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
+                "modules": len(sys.modules), "torch": torch_version})
+    _Server(ctl, initial).serve()
+
+
+def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
+    """Import torch (if installed) and the `--preload` modules; torch's version. On failure, say so and exit."""
     try:
         import importlib
 
@@ -236,59 +249,73 @@ def main() -> None:
     except BaseException as exc:
         _send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
         os._exit(1)
-    import_s = time.monotonic() - t0
-    gc.collect()
-    gc.freeze()  # what the ranks inherit stays shared: no collector pass touches (copies) the imported objects
-    _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
-                "modules": len(sys.modules), "torch": torch_version})
+    return torch_version
 
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
-    sel = selectors.DefaultSelector()
-    sel.register(ctl, selectors.EVENT_READ, "ctl")
-    sel.register(wake_r, selectors.EVENT_READ, "wake")
-    me = os.getpid()
-    children: set[int] = set()
-    while True:
-        for key, _ in sel.select():
-            if key.data == "wake":
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                continue
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(ctl, MAX_MSG, 2)
-            except InterruptedError:
-                continue
-            if not data:  # the launcher is done (or gone): the ranks' parent goes, and they with it
-                for fd in fds:
-                    os.close(fd)
-                os._exit(0)
-            req = json.loads(data)
-            if req.get("op") != "spawn" or len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            pid = os.fork()
-            if pid == 0:
-                sel.close()
-                _child(req, fds[0], fds[1], me, [ctl, _Fd(wake_r), _Fd(wake_w)], initial)
+
+class _Server:
+    """The serving loop: spawn requests from the launcher, SIGCHLD (through a wake-up pipe) for the ranks' exits."""
+
+    def __init__(self, ctl: socket.socket, initial: dict[int, Any]) -> None:
+        self.ctl = ctl
+        self.initial = initial
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(ctl, selectors.EVENT_READ, "ctl")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.me = os.getpid()
+        self.children: set[int] = set()
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.sel.select():
+                if key.data == "wake":
+                    self._drain_wakeups()
+                else:
+                    self._request()
+            self._reap()
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _request(self) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.ctl, MAX_MSG, 2)
+        except InterruptedError:
+            return
+        if not data:  # the launcher is done (or gone): the ranks' parent goes, and they with it
             for fd in fds:
                 os.close(fd)
-            children.add(pid)
-            _send(ctl, {"op": "started", "id": req["id"], "pid": pid})
-        while children:
+            os._exit(0)
+        req = json.loads(data)
+        if req.get("op") != "spawn" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return
+        pid = os.fork()
+        if pid == 0:
+            self.sel.close()
+            _child(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)], self.initial)
+        for fd in fds:
+            os.close(fd)
+        self.children.add(pid)
+        _send(self.ctl, {"op": "started", "id": req["id"], "pid": pid})
+
+    def _reap(self) -> None:
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            children.discard(pid)
-            _send(ctl, {"op": "exit", "pid": pid, "status": status})
+            self.children.discard(pid)
+            _send(self.ctl, {"op": "exit", "pid": pid, "status": status})
 
 
 class _Fd:

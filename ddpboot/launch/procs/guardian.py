@@ -48,7 +48,6 @@ class Guardian:
     def __init__(self, pid: int, ctl: socket.socket) -> None:
         self.pid = pid
         self.ctl = ctl
-        self.exited = False
 
     def _send(self, line: str) -> None:
         try:
@@ -124,54 +123,90 @@ class _TorchStore:
         self.start()
 
 
+class _Stores:
+    """The store the guardian serves: ddpboot's Python server on the guardian's selector, or torch's own."""
+
+    def __init__(self, listener: socket.socket, backend: StoreBackend, sel: selectors.BaseSelector) -> None:
+        self.python: StoreServer | None = None
+        self.torch: _TorchStore | None = None
+        if backend == "python":
+            self.python = StoreServer(listener)
+            self.python.register(sel)
+        else:
+            self.torch = _TorchStore(listener)
+
+    def reset(self) -> None:
+        if self.python is not None:
+            self.python.reset()
+        if self.torch is not None:
+            self.torch.reset()
+
+    def close(self) -> None:
+        if self.python is not None:
+            self.python.close()
+
+
+class _Control:
+    """The launcher's control messages (see the module docstring); `done` once the guardian must exit."""
+
+    def __init__(self, ctl: socket.socket, stores: _Stores, tempdir: Path | None) -> None:
+        self.ctl = ctl
+        self.stores = stores
+        self.tempdir = tempdir
+        self.groups: set[int] = set()
+        self.pending = b""
+        self.done = False
+
+    def read(self) -> None:
+        try:
+            data = self.ctl.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.launcher_gone()
+            return
+        self.pending += data
+        while b"\n" in self.pending and not self.done:
+            line, self.pending = self.pending.split(b"\n", 1)
+            self.command(line.decode())
+
+    def launcher_gone(self) -> None:
+        """Nothing of the job may outlive the launcher."""
+        for pgid in self.groups:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
+        if self.tempdir is not None:
+            shutil.rmtree(self.tempdir, ignore_errors=True)
+        self.done = True
+
+    def command(self, cmd: str) -> None:
+        if cmd.startswith("+"):
+            self.groups.add(int(cmd[1:]))
+        elif cmd.startswith("-"):
+            self.groups.discard(int(cmd[1:]))
+        elif cmd == "reset":
+            self.stores.reset()
+            self.ctl.sendall(b"ok\n")
+        elif cmd == "quit":
+            self.stores.close()
+            self.done = True
+
+
 def _main(ctl: socket.socket, listener: socket.socket, backend: StoreBackend, tempdir: Path | None) -> int:
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(PR_SET_NAME, b"ddpboot-guard", 0, 0, 0)
-    groups: set[int] = set()
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
-    python_store: StoreServer | None = None
-    torch_store: _TorchStore | None = None
-    if backend == "python":
-        python_store = StoreServer(listener)
-        python_store.register(sel)
-    else:
-        torch_store = _TorchStore(listener)
-    pending = b""
-    while True:
+    control = _Control(ctl, _Stores(listener, backend, sel), tempdir)
+    while not control.done:
         for key, events in sel.select():
             if key.data is not None:
                 key.data.handle(key, events)
-                continue
-            try:
-                data = ctl.recv(4096)
-            except OSError:
-                data = b""
-            if not data:  # the launcher is gone: nothing of the job may outlive it
-                for pgid in groups:
-                    with contextlib.suppress(OSError):
-                        os.killpg(pgid, signal.SIGKILL)
-                if tempdir is not None:
-                    shutil.rmtree(tempdir, ignore_errors=True)
-                return 0
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                cmd = line.decode()
-                if cmd.startswith("+"):
-                    groups.add(int(cmd[1:]))
-                elif cmd.startswith("-"):
-                    groups.discard(int(cmd[1:]))
-                elif cmd == "reset":
-                    if python_store is not None:
-                        python_store.reset()
-                    if torch_store is not None:
-                        torch_store.reset()
-                    ctl.sendall(b"ok\n")
-                elif cmd == "quit":
-                    if python_store is not None:
-                        python_store.close()
-                    return 0
+            else:
+                control.read()
+            if control.done:
+                break
+    return 0

@@ -4,7 +4,8 @@ Why a signalfd: the supervisor is one thread waiting in select(); a signalfd mak
 descriptor (no handler running at a random point of the loop), and each read says who sent it (si_pid, si_code).
 The sender is what makes forwarding idempotent:
 
-- SLURM (slurmstepd) signals every process of a job step itself, workers included (FACTS.md §4). A signal whose
+- SLURM (slurmstepd) signals every process of a job step itself, workers included (the time-limit SIGTERM and
+  `scancel` reach each task's processes directly, not through the launcher). A signal whose
   sender is slurmstepd is therefore not forwarded: each worker already has it, and forwarding would deliver it a
   second time (a second SIGTERM can interrupt the first one's checkpoint handler; a second SIGINT raises a second
   KeyboardInterrupt inside the cleanup of the first).
@@ -39,9 +40,6 @@ from ddpboot.contract import STOP_SIGNALS
 DIRECT_SENDERS = frozenset({"slurmstepd"})
 REPEAT_WINDOW = 1.0
 
-SI_USER = 0
-SI_KERNEL = 0x80
-
 _SFD_CLOEXEC = 0o2000000
 _SFD_NONBLOCK = 0o4000
 _SIGINFO = struct.Struct("=IiiIIiIIIIiiQQQQ")
@@ -56,7 +54,7 @@ class _SigSet(ctypes.Structure):
 
 class SignalInfo(NamedTuple):
     signo: int
-    code: int  # si_code: SI_USER from kill(), SI_KERNEL e.g. from the terminal
+    code: int  # si_code: SI_USER (0) from kill(), SI_KERNEL (0x80) e.g. from the terminal
     pid: int  # the sender (0 when the kernel sent it)
 
 
@@ -112,6 +110,11 @@ def sender_name(pid: int) -> str | None:
         return None
 
 
+def signal_label(signo: int) -> str:
+    """SIGTERM, SIGUSR1, ...; the number for a signal Python has no name for."""
+    return signal.Signals(signo).name if signo in signal.Signals._value2member_map_ else str(signo)
+
+
 @dataclass(frozen=True)
 class Decision:
     forward: bool  # send it to every worker's process group
@@ -125,13 +128,12 @@ class Decision:
 class ForwardPolicy:
     """What to do with each signal the launcher receives (see the module docstring). Pure, given the clock."""
 
-    handled: frozenset[int]
     last_forward: dict[int, float] = field(default_factory=dict)
     stopping_by: int | None = None
 
     def decide(self, info: SignalInfo, now: float, name: str | None = None, from_worker: bool = False) -> Decision:
         sig = info.signo
-        label = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        label = signal_label(sig)
         if sig == signal.SIGINT and self.stopping_by == signal.SIGINT:
             return Decision(False, True, True, "second SIGINT: killing every worker now")
         stop = sig in STOP_SIGNALS

@@ -21,6 +21,8 @@ import fcntl
 import os
 import signal
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
 from ddpboot.errors import DdpbootError
 
@@ -69,53 +71,80 @@ def spawn(
     env_b = {k.encode(): v.encode() for k, v in env.items()}
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, observed through the worker's behaviour
-        code = 127
-        try:
-            os.close(err_r)
-            os.setsid()
-            prctl(PR_SET_PDEATHSIG, death_signal)
-            if os.getppid() != parent:  # the launcher died before prctl took effect
-                os._exit(code)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # what Python ignores for itself (as Popen restores)
-                signal.signal(sig, signal.SIG_DFL)
-            os.dup2(stdout, 1)
-            os.dup2(stderr, 2)
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-            low = 3
-            if pass_fd is not None:
-                if err_w <= 3:
-                    err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 4)
-                if pass_fd == 3:
-                    os.set_inheritable(3, True)
-                else:
-                    os.dup2(pass_fd, 3)  # the copy is inheritable
-                low = 4
-            os.closerange(low, err_w)
-            os.closerange(err_w + 1, _max_fd())
-            os.execve(argv[0], list(argv), env_b)
-        except OSError as exc:
-            os.write(err_w, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
-        except BaseException as exc:
-            os.write(err_w, f"0:{exc!r}".encode())
-        finally:
-            os._exit(code)
+        _child(_ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent), err_r, err_w)
     os.close(err_w)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(err_r, 4096)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(err_r)
-    if chunks:
+    failure = _read_all(err_r)
+    if failure:
         os.waitpid(pid, 0)
-        num, _, text = b"".join(chunks).decode(errors="replace").partition(":")
+        num, _, text = failure.decode(errors="replace").partition(":")
         hint = ""
         if int(num or 0) == errno.ENOEXEC:
             hint = " (not a binary the kernel can run: a script needs a #! line)"
         raise SpawnError(f"cannot start {argv[0]}: {text}{hint}.")
     return pid
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything until end-of-file; closes `fd`."""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _ChildSetup:
+    argv: Sequence[str]
+    env: dict[bytes, bytes]
+    stdout: int
+    stderr: int
+    cpus: Sequence[int]
+    death_signal: int
+    pass_fd: int | None
+    parent: int  # the launcher's pid
+
+
+def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: no cover - runs in the child
+    """Prepare the forked child and exec the program; on failure, write `errno:text` to `err_w` and exit 127."""
+    code = 127
+    try:
+        os.close(err_r)
+        os.setsid()
+        prctl(PR_SET_PDEATHSIG, setup.death_signal)
+        if os.getppid() != setup.parent:  # the launcher died before prctl took effect
+            os._exit(code)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # what Python ignores for itself (as Popen restores)
+            signal.signal(sig, signal.SIG_DFL)
+        os.dup2(setup.stdout, 1)
+        os.dup2(setup.stderr, 2)
+        if setup.cpus:
+            os.sched_setaffinity(0, setup.cpus)
+        err_w = _close_inherited(setup.pass_fd, err_w)
+        os.execve(setup.argv[0], list(setup.argv), setup.env)
+    except OSError as exc:
+        os.write(err_w, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
+    except BaseException as exc:
+        os.write(err_w, f"0:{exc!r}".encode())
+    finally:
+        os._exit(code)
+
+
+def _close_inherited(pass_fd: int | None, err_w: int) -> int:  # pragma: no cover - runs in the child
+    """Close every descriptor above 2 except `err_w` (close-on-exec) and `pass_fd` (made fd 3, inheritable);
+    returns where `err_w` is now."""
+    low = 3
+    if pass_fd is not None:
+        if err_w <= 3:
+            err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, 4)
+        if pass_fd == 3:
+            os.set_inheritable(3, True)
+        else:
+            os.dup2(pass_fd, 3)  # the copy is inheritable
+        low = 4
+    os.closerange(low, err_w)
+    os.closerange(err_w + 1, _max_fd())
+    return err_w

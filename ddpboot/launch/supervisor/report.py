@@ -1,0 +1,90 @@
+"""What the supervisor tells the user: the failure summary of an attempt, the processes that outlive SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddpboot.launch.logs import Console, read_error_file
+from ddpboot.launch.supervisor.decisions import STUCK_REPORT
+from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_gpus, describe_status
+
+SUMMARY_LINES = 20
+
+
+def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs: Path | None) -> str:
+    """The root cause of a failed attempt: which rank, how it ended, its traceback or last lines, the others."""
+    root = result.root
+    assert root is not None and root.status is not None
+    slot = root.slot
+    ran = (root.ended or 0.0) - root.started
+    when = ""
+    if max_restarts:
+        left = max_restarts - attempt
+        when = f" on attempt {attempt} ({left} restart{'s' if left != 1 else ''} left)"
+    lines = [
+        f"ddpboot: rank {slot.rank} failed{when}: {describe_status(root.status)}",
+        f"  local rank {slot.local_rank} · {describe_gpus(slot)} · pid {root.pid} · ran {ran:.2f} s",
+        f"  command: {shlex.join(root.argv)}",
+        *_root_output(root),
+    ]
+    others = [w for w in result.workers if w is not root]
+    if others:
+        lines.append("  other ranks: " + "; ".join(f"rank {w.slot.rank}: {_how_it_ended(w)}" for w in others))
+    if logs is not None:
+        lines.append(f"  logs: {logs}")
+    return "\n".join(lines)
+
+
+def _root_output(root: Worker) -> list[str]:
+    recorded = read_error_file(root.error_file)
+    if recorded:
+        return ["  traceback (recorded by @record in TORCHELASTIC_ERROR_FILE):",
+                *("  | " + ln for ln in recorded.splitlines()[-60:])]
+    tail = root.err.last_lines(SUMMARY_LINES)
+    which = "stderr"
+    if not tail:
+        tail, which = root.out.last_lines(SUMMARY_LINES), "stdout"
+    if not tail:
+        return ["  it printed nothing."]
+    return [f"  last lines of its {which}:", *("  | " + ln for ln in tail)]
+
+
+def _how_it_ended(w: Worker) -> str:
+    how = describe_status(w.status) if w.status is not None else "?"
+    if w.signalled:
+        how += f" after {', '.join(dict.fromkeys(w.signalled))}"
+    return how
+
+
+def report_unkillable(workers: Sequence[Worker], console: Console) -> None:
+    """Processes that outlive SIGKILL are stuck in the kernel (typically a GPU driver call): say which, and
+    where, since the launcher can only wait for them."""
+    import psutil  # only on this rare path: the launcher stays light
+
+    groups = {w.pid: w for w in workers if not w.group_gone}
+    lines = []
+    for proc in psutil.process_iter(["pid", "status", "name"]):
+        try:
+            pgid = os.getpgid(proc.info["pid"])
+        except OSError:
+            continue
+        if pgid in groups:
+            lines.append(f"  rank {groups[pgid].slot.rank}: pid {proc.info['pid']} ({proc.info['name']}), state "
+                         f"{proc.info['status']}, in {_wait_channel(proc.info['pid'])}")
+    if lines:
+        console.message(
+            f"ddpboot: {len(lines)} process{'es' if len(lines) > 1 else ''} still alive {STUCK_REPORT:g} s after "
+            "SIGKILL (stuck in the kernel; waiting for them):\n" + "\n".join(lines)
+        )
+
+
+def _wait_channel(pid: int) -> str:
+    """The kernel function a process sleeps in (/proc/PID/wchan), '?' when unknown."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"

@@ -1,0 +1,115 @@
+"""How a worker process is started: fork + exec (`ExecStarter`), or forked by the fast-start zygote
+(`ZygoteStarter`, ddpboot/launch/faststart/). The supervisor talks to a `Starter` and never asks which one it has.
+
+A rank started by exec is the launcher's child: its exit comes through waitpid. A rank forked by the zygote is the
+zygote's child: the zygote reaps it and reports its wait status over the control socket, which the loop watches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+from typing import Protocol
+
+from ddpboot.launch.faststart import FastStartError, Zygote
+from ddpboot.launch.logs import Console
+from ddpboot.launch.procs.spawn import spawn
+from ddpboot.launch.spec import Target
+from ddpboot.launch.supervisor.workers import Worker, describe_status
+
+ZYGOTE_KEY = "zygote"  # the selector's data for the zygote's control socket
+
+
+class Starter(Protocol):
+    def start(self, worker: Worker, stdout: int, stderr: int) -> int:
+        """Start the worker with its stdout/stderr on these descriptors; its pid (and process group id)."""
+        ...
+
+    def exits(self) -> list[tuple[int, int]]:
+        """(pid, wait status) of workers that exited and are not the launcher's children to reap."""
+        ...
+
+    def has_exits(self) -> bool:
+        """Exits already read and waiting to be taken (the loop must not block)."""
+        ...
+
+    def child_exited(self, pid: int, status: int) -> bool:
+        """A child that is not a worker was reaped: True when it was this starter's own process."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching the starter's descriptors."""
+        ...
+
+
+class ExecStarter:
+    """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py)."""
+
+    def start(self, worker: Worker, stdout: int, stderr: int) -> int:
+        return spawn(worker.argv, worker.env, stdout, stderr, cpus=worker.slot.cpus)
+
+    def exits(self) -> list[tuple[int, int]]:
+        return []
+
+    def has_exits(self) -> bool:
+        return False
+
+    def child_exited(self, pid: int, status: int) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class ZygoteStarter:
+    """Ranks forked by the zygote, which has imported torch once for all of them."""
+
+    def __init__(self, zygote: Zygote, target: Target, sel: selectors.BaseSelector, console: Console) -> None:
+        self.zygote = zygote
+        self.target = target
+        self.sel = sel
+        self.console = console
+        sel.register(zygote.sock, selectors.EVENT_READ, ZYGOTE_KEY)
+
+    def start(self, worker: Worker, stdout: int, stderr: int) -> int:
+        return self.zygote.fork_rank(self.target, worker.slot.local_rank, worker.env, stdout, stderr,
+                                     cpus=worker.slot.cpus)
+
+    def exits(self) -> list[tuple[int, int]]:
+        exits = self.zygote.poll()
+        if self.zygote.gone:
+            self.close()
+        return exits
+
+    def has_exits(self) -> bool:
+        return bool(self.zygote.exits)
+
+    def child_exited(self, pid: int, status: int) -> bool:
+        if pid != self.zygote.pid:
+            return False
+        # Its ranks die with it (PR_SET_PDEATHSIG) and come to us, their subreaper, to be reaped.
+        self.zygote.gone = True
+        self.console.message(f"ddpboot: error: the fast-start process (pid {pid}) died: "
+                             f"{describe_status(status)}; its ranks are killed with it")
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(self.zygote.sock)
+
+
+def choose_starter(zygote: Zygote | None, target: Target, sel: selectors.BaseSelector, console: Console) -> Starter:
+    """The zygote once it is ready (its imports overlapped the launcher's own start-up and the nodes' check-in);
+    exec when there is none or it cannot start, and then the message says why."""
+    if zygote is None:
+        return ExecStarter()
+    try:
+        info = zygote.wait_ready()
+    except FastStartError as exc:
+        console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
+        return ExecStarter()
+    if os.environ.get("DDPBOOT_DEBUG"):
+        console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
+                        f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")
+    return ZygoteStarter(zygote, target, sel, console)

@@ -1,0 +1,125 @@
+"""One attempt's workers as data: what each runs, where its output goes, how it ended; and the attempt's result."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
+from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.options import Std
+from ddpboot.launch.spec import LaunchSpec
+from ddpboot.selection.planner import Plan, RankSlot
+
+
+def exit_code_of(status: int) -> int:
+    """A wait status as a shell exit code: the code, or 128+N for death by signal N."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+        return f"killed by {name} (exit code {128 + sig})"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def describe_gpus(slot: RankSlot) -> str:
+    if not slot.gpus:
+        return "CPU"
+    return ", ".join(f"GPU {g.label} ({g.uuid[:12]}…)" if len(g.uuid) > 12 else f"GPU {g.label} ({g.uuid})"
+                     for g in slot.gpus)
+
+
+@dataclass(eq=False)
+class Worker:
+    slot: RankSlot
+    argv: list[str]
+    env: dict[str, str]
+    error_file: Path
+    out: RankStream
+    err: RankStream
+    log: LogFile | None = None
+    pid: int = 0
+    started: float = 0.0
+    ended: float | None = None
+    status: int | None = None  # the wait status once reaped
+    signalled: list[str] = field(default_factory=list)  # what the launcher sent it while stopping
+    group_gone: bool = False
+
+    @property
+    def code(self) -> int:
+        return 0 if self.status is None else exit_code_of(self.status)
+
+    def close_output(self) -> None:
+        self.out.close()
+        self.err.close()
+        if self.log is not None:
+            self.log.close()
+
+
+@dataclass
+class AttemptResult:
+    code: int
+    root: Worker | None = None  # the first worker that failed
+    stop_signal: int | None = None  # the signal that stopped the job
+    workers: list[Worker] = field(default_factory=list)
+    restart_reason: str | None = None  # the watch callback stopped the attempt (e.g. an elastic membership change)
+
+
+@dataclass(frozen=True)
+class AttemptSetup:
+    """What the workers of one attempt are built from."""
+
+    spec: LaunchSpec
+    plan: Plan
+    base_env: dict[str, str]
+    port: int  # MASTER_PORT
+    console: Console
+    with_files: bool  # per-rank log files (False: a temporary directory holds only the error files)
+
+
+def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[Worker]:
+    spec = setup.spec
+    ctx = EnvContext(
+        master_addr=spec.master_addr,
+        master_port=setup.port,
+        run_id=spec.run_id,
+        role=spec.role,
+        restart_count=attempt,
+        max_restarts=spec.max_restarts,
+        signals=",".join(s.name for s in spec.signals),
+    )
+    return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
+
+
+def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_dir: Path) -> Worker:
+    routing = setup.spec.routing
+    error_file = attempt_dir / f"rank{slot.rank}.error.json"
+    log = None
+    if setup.with_files and (routing.to_file(slot.local_rank, Std.OUT) or routing.to_file(slot.local_rank, Std.ERR)):
+        log = LogFile(attempt_dir / f"rank{slot.rank}.log")
+
+    def stream(which: Std) -> RankStream:
+        return RankStream(
+            slot.rank, which,
+            setup.console if routing.to_console(slot.local_rank, which) else None,
+            log if routing.to_file(slot.local_rank, which) else None,
+            prefix=routing.prefix,
+        )
+
+    own = worker_vars(setup.plan, slot, ctx, setup.base_env, str(error_file))
+    return Worker(
+        slot=slot,
+        argv=worker_argv(setup.spec.target, setup.spec.python, slot.local_rank),
+        env=worker_env(setup.base_env, own),
+        error_file=error_file,
+        out=stream(Std.OUT),
+        err=stream(Std.ERR),
+        log=log,
+    )

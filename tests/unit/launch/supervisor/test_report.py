@@ -1,0 +1,48 @@
+"""The failure summary: the root cause, its traceback or last lines, how the other ranks ended, where the logs are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddpboot.launch.logs import RankStream
+from ddpboot.launch.options import Std
+from ddpboot.launch.supervisor.report import failure_summary
+from ddpboot.launch.supervisor.workers import AttemptResult, Worker
+from ddpboot.selection.planner import RankSlot
+
+
+def worker(rank: int, status: int | None, tmp_path: Path) -> Worker:
+    slot = RankSlot(rank=rank, local_rank=rank, gpus=(), cuda_visible_devices="", device="cpu")
+    return Worker(slot, ["python3", "-u", "train.py", "--x", "a b"], {}, tmp_path / f"rank{rank}.error.json",
+                  RankStream(rank, Std.OUT, None, None), RankStream(rank, Std.ERR, None, None),
+                  pid=100 + rank, started=1.0, ended=3.5, status=status)
+
+
+def test_the_summary_names_the_root_cause_and_shows_its_last_stderr_lines(tmp_path: Path) -> None:
+    root = worker(1, 7 << 8, tmp_path)
+    root.err.feed(b"loading\nValueError: bad\n")
+    other = worker(0, 15, tmp_path)
+    other.signalled = ["SIGTERM (rank 1 failed)", "SIGTERM (rank 1 failed)"]
+    text = failure_summary(AttemptResult(7, root, workers=[other, root]), 1, 3, tmp_path / "attempt_1")
+    assert text.splitlines() == [
+        "ddpboot: rank 1 failed on attempt 1 (2 restarts left): exit code 7",
+        "  local rank 1 · CPU · pid 101 · ran 2.50 s",
+        "  command: python3 -u train.py --x 'a b'",
+        "  last lines of its stderr:",
+        "  | loading",
+        "  | ValueError: bad",
+        "  other ranks: rank 0: killed by SIGTERM (exit code 143) after SIGTERM (rank 1 failed)",
+        f"  logs: {tmp_path / 'attempt_1'}",
+    ]
+
+
+def test_a_recorded_traceback_comes_first_and_silence_is_said(tmp_path: Path) -> None:
+    root = worker(0, 1 << 8, tmp_path)
+    root.error_file.write_text(json.dumps({"message": {"message": "x", "extraInfo": {"py_callstack": "Trace\nboom"}}}))
+    text = failure_summary(AttemptResult(1, root, workers=[root]), 0, 0, None)
+    assert "ddpboot: rank 0 failed: exit code 1" in text
+    assert "  traceback (recorded by @record in TORCHELASTIC_ERROR_FILE):\n  | Trace\n  | boom" in text
+    assert "logs:" not in text and "other ranks" not in text
+    silent = worker(0, 1 << 8, tmp_path / "none")
+    assert "  it printed nothing." in failure_summary(AttemptResult(1, silent, workers=[silent]), 0, 0, None)
