@@ -70,6 +70,9 @@ class KeyValues:
         self.queues: dict[bytes, deque[bytes]] = {}
         self.waiters: dict[bytes, set[Connection]] = {}
         self.wake = wake
+        # Whether a rank joined the rendezvous: torch's clients write keys that start with "/" (ddpboot's own node
+        # check does not). Kept across clear(): the launcher asks once, after the last attempt.
+        self.joined = False
 
     def execute(self, query: int, conn: Connection, args: Reader) -> None:
         """Run request `query` of `conn`, its arguments read from `args`; ProtocolError for an unknown type."""
@@ -91,6 +94,8 @@ class KeyValues:
 
     def changed(self, key: bytes) -> None:
         """`key` now exists: answer every WAIT that was missing only it."""
+        if key.startswith(b"/"):
+            self.joined = True
         for conn in self.waiters.pop(key, set()):
             conn.waiting.discard(key)
             if not conn.waiting:

@@ -67,6 +67,11 @@ class StoreServer:
         self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
 
     @property
+    def joined(self) -> bool:
+        """Whether any rank has joined the rendezvous (written a key of its process group) since the start."""
+        return self.store.joined
+
+    @property
     def data(self) -> dict[bytes, bytes]:
         """The keys and their values."""
         return self.store.data

@@ -14,7 +14,8 @@ process group; its life is tied to the socketpair.
 
 Control messages, one per line, launcher → guardian: `+PGID` (a worker group exists), `-PGID` (it is gone: never
 signal that number again, the pid may be reused), `reset` (empty the store for the next attempt; answered `ok`),
-`quit` (the launcher is done and has stopped every group itself).
+`joined` (whether any rank has joined the rendezvous since the start; answered `yes`, `no`, or `unknown` for torch's
+own store), `quit` (the launcher is done and has stopped every group itself).
 """
 
 from __future__ import annotations
@@ -61,18 +62,25 @@ class Guardian:
     def remove(self, pgid: int) -> None:
         self._send(f"-{pgid}")
 
-    def reset(self, timeout: float = 120.0) -> None:
-        """Empty the store before the next attempt starts (waits for the answer, so no new key is lost)."""
-        self._send("reset")
+    def _ask(self, line: str, what: str, timeout: float) -> bytes:
+        self._send(line)
         self.ctl.settimeout(timeout)
         try:
-            answer = self.ctl.recv(16)
+            return self.ctl.recv(16).strip()
         except OSError as exc:
-            raise GuardianError(f"the guardian (pid {self.pid}) did not reset the store: {exc}") from None
+            raise GuardianError(f"the guardian (pid {self.pid}) did not {what}: {exc}") from None
         finally:
             self.ctl.settimeout(None)
-        if answer.strip() != b"ok":
+
+    def reset(self, timeout: float = 120.0) -> None:
+        """Empty the store before the next attempt starts (waits for the answer, so no new key is lost)."""
+        answer = self._ask("reset", "reset the store", timeout)
+        if answer != b"ok":
             raise GuardianError(f"the guardian (pid {self.pid}) did not reset the store (answer {answer!r})")
+
+    def joined(self, timeout: float = 10.0) -> bool | None:
+        """Whether any rank joined the rendezvous since the start; None when the store cannot tell (torch's own)."""
+        return {b"yes": True, b"no": False}.get(self._ask("joined", "answer", timeout))
 
     def quit(self) -> None:
         with contextlib.suppress(GuardianError):
@@ -145,6 +153,11 @@ class _Stores:
         if self.python is not None:
             self.python.close()
 
+    def joined(self) -> bytes:
+        if self.python is None:
+            return b"unknown"
+        return b"yes" if self.python.joined else b"no"
+
 
 class _Control:
     """The launcher's control messages (see the module docstring); `done` once the guardian must exit."""
@@ -187,6 +200,8 @@ class _Control:
         elif cmd == "reset":
             self.stores.reset()
             self.ctl.sendall(b"ok\n")
+        elif cmd == "joined":
+            self.ctl.sendall(self.stores.joined() + b"\n")
         elif cmd == "quit":
             self.stores.close()
             self.done = True

@@ -23,13 +23,13 @@ from pathlib import Path
 from ddpboot.contract import exit_mark
 from ddpboot.launch.faststart import Zygote
 from ddpboot.launch.logs import Console
-from ddpboot.launch.procs.guardian import GuardianError, start_guardian
+from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
 from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable
-from ddpboot.launch.supervisor.report import failure_summary
+from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus
 from ddpboot.launch.supervisor.starters import choose_starter
 from ddpboot.launch.supervisor.workers import AttemptResult, AttemptSetup, Worker, describe_status, make_workers
 from ddpboot.selection.planner import Plan
@@ -104,7 +104,9 @@ class Supervisor:
             self.procs = ProcessTable(guardian, starter, self.clock)
             if self.before_start is not None:
                 self.before_start()
-            return self._attempts(self.procs, self.sigfd)
+            code = self._attempts(self.procs, self.sigfd)
+            self._report_no_join(guardian)
+            return code
         finally:
             if starter is not None:
                 starter.close()
@@ -135,6 +137,19 @@ class Supervisor:
                 break
             self._say_restart(result, attempt)
         return job_code(outcome)
+
+    def _report_no_join(self, guardian: Guardian) -> None:
+        """Rank isolation's one trap, said after the job: no rank ever joined (see no_join_report)."""
+        if self.result is None or self.result.stop_signal is not None or not rank_isolated_gpus(self.plan):
+            return
+        if self.plan.nnodes > 1:  # the workers' store is node 0's, not this guardian's
+            return
+        try:
+            joined = guardian.joined()
+        except GuardianError:
+            return
+        if joined is False:
+            self.console.message(no_join_report(self.plan))
 
     def _say_restart(self, result: AttemptResult, attempt: int) -> None:
         what = "?"

@@ -1,4 +1,5 @@
-"""What the supervisor tells the user: the failure summary of an attempt, the processes that outlive SIGKILL."""
+"""What the supervisor tells the user: the failure summary of an attempt, the processes that outlive SIGKILL, and
+rank isolation's one trap (no rank joined the job)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from ddpboot.launch.logs import Console, read_error_file
 from ddpboot.launch.supervisor.decisions import STUCK_REPORT
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_gpus, describe_status
+from ddpboot.selection.planner import Plan
+from ddpboot.units import plural
 
 SUMMARY_LINES = 20
 
@@ -88,3 +91,26 @@ def _wait_channel(pid: int) -> str:
             return f.read().strip() or "?"
     except OSError:
         return "?"
+
+
+def rank_isolated_gpus(plan: Plan) -> bool:
+    """Whether rank isolation hides GPUs from the ranks: each rank sees fewer GPUs than the node's selected ones."""
+    if plan.isolation != "rank" or not plan.ranks:
+        return False
+    return sum(len(s.gpus) for s in plan.ranks) > len(plan.ranks[0].gpus) > 0
+
+
+def no_join_report(plan: Plan) -> str:
+    """Said after a job in which no rank ever joined the rendezvous, under rank isolation with GPUs: the common
+    cause is a script that counted GPUs, saw only its own, and left without training (exit code 0)."""
+    per_rank = len(plan.ranks[0].gpus)
+    selected = sum(len(s.gpus) for s in plan.ranks)
+    return (
+        f"ddpboot: warning: no rank joined the job: none of the {plural(len(plan.ranks), 'rank')} used the "
+        "rendezvous store (torch.distributed.init_process_group never ran, or ran against another store).\n"
+        f"  Under --isolation rank (the default) each rank sees only its own GPU{'s' if per_rank > 1 else ''}: "
+        f"torch.cuda.device_count() returns {per_rank} in every rank, not {selected}. A script that checks the "
+        "GPU count before training (`if torch.cuda.device_count() < world_size: exit()`) stops there.\n"
+        f"  Run it with --isolation node to give every rank all {selected} selected GPUs (torchrun's view). A script "
+        "with no distributed code never joins: then this is expected."
+    )

@@ -135,3 +135,18 @@ def test_a_request_cut_short_changes_nothing(conns: tuple[Connection, Connection
         with pytest.raises(NeedMore):
             s.kv.execute(reader.u8(), c, reader)
     assert s.kv.data == {}
+
+
+@pytest.mark.parametrize("code", [p.SET, p.ADD, p.APPEND, p.QUEUE_PUSH])
+def test_a_rank_joined_once_a_torch_client_wrote_a_key(conns: tuple[Connection, Connection], code: int) -> None:
+    """torch's clients write keys that start with "/"; ddpboot's node check (keys without it) is not a rank."""
+    c, _ = conns
+    s = Store()
+    value = i64(1) if code == p.ADD else vec(b"v")
+    s.run(c, req(p.SET, vec(b"ddpboot-nodes/0"), vec(b"2 host")))
+    s.run(c, req(p.CHECK, vecs([b"/x"])))  # reading is not joining
+    assert not s.kv.joined
+    s.run(c, req(code, vec(b"/default_pg/0//init"), value))
+    assert s.kv.joined
+    s.kv.clear()  # a restart empties the store, but the job did join
+    assert s.kv.joined

@@ -46,3 +46,21 @@ def test_a_recorded_traceback_comes_first_and_silence_is_said(tmp_path: Path) ->
     assert "logs:" not in text and "other ranks" not in text
     silent = worker(0, 1 << 8, tmp_path / "none")
     assert "  it printed nothing." in failure_summary(AttemptResult(1, silent, workers=[silent]), 0, 0, None)
+
+
+def test_rank_isolation_hides_gpus_only_when_ranks_see_fewer_than_selected() -> None:
+    from ddpboot.launch.supervisor.report import no_join_report, rank_isolated_gpus
+    from ddpboot.selection.inventory import fake_inventory
+    from ddpboot.selection.planner import make_plan
+    from ddpboot.selection.request import parse_request
+
+    def plan(**options: object) -> object:
+        return make_plan(parse_request(**options), fake_inventory("4"), {}, cpu_count=8)  # type: ignore[arg-type]
+
+    assert rank_isolated_gpus(plan(nproc="2"))  # type: ignore[arg-type]
+    assert rank_isolated_gpus(plan(nproc="2", gpus_per_proc=2))  # type: ignore[arg-type]
+    assert not rank_isolated_gpus(plan(nproc="2", isolation="node"))  # type: ignore[arg-type]
+    assert not rank_isolated_gpus(plan(nproc="1"))  # type: ignore[arg-type]
+    assert not rank_isolated_gpus(plan(nproc="2", cpu=True))  # type: ignore[arg-type]
+    text = no_join_report(plan(nproc="2", gpus_per_proc=2))  # type: ignore[arg-type]
+    assert "returns 2 in every rank, not 4" in text and "its own GPUs" in text and "all 4 selected" in text
