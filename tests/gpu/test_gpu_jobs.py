@@ -174,3 +174,17 @@ def test_a_rank_leaving_while_its_peer_waits_in_nccl_ends_the_job(tmp_path: Path
     assert out.returncode == code, out.stderr
     assert (tmp_path / "rank1.calls").read_text().split() == ["abort"], out.stderr
     assert ended - left < shutdown + 5, f"the job ended {ended - left:.1f} s after rank 1 began to leave"
+
+
+def test_a_script_that_counts_gpus_is_reported_under_rank_isolation_and_trains_under_node() -> None:
+    """The published-example pattern `if torch.cuda.device_count() < world_size: exit()`: under rank isolation every
+    rank sees 1 GPU and leaves (exit 0); ddpboot names the check before the start and reports after the job that no
+    rank joined. Under --isolation node it trains on both GPUs."""
+    need(2)
+    script = str(REPO / "examples" / "device_count_check.py")
+    isolated = run_ddpboot("--nproc", "2", script, env=clean_env(), timeout=300, cwd=REPO)
+    assert isolated.returncode == 0, isolated.stderr
+    assert "Unable to locate sufficient 2 gpus" in isolated.stdout
+    assert "counts GPUs" in isolated.stderr and "no rank joined the job" in isolated.stderr
+    node = run("--nproc", "2", "--isolation", "node", script)
+    assert "all_reduce gave 2" in node.stdout and "no rank joined" not in node.stderr
