@@ -50,3 +50,8 @@ def format_size(n: int | None) -> str:
 def plural(n: int, word: str) -> str:
     """`1 node`, `2 nodes`: a count with its noun."""
     return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def short_uuid(uuid: str, keep: int = 12) -> str:
+    """A GPU UUID as tables and messages show it: `GPU-8754c7d0…` (the whole UUID is in --json and the logs)."""
+    return uuid[:keep] + "…" if len(uuid) > keep else uuid

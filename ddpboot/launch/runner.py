@@ -168,7 +168,7 @@ def _run(config: LaunchConfig) -> int:
         from ddpboot.launch.supervisor import Supervisor
 
         zygote = stack.enter_context(_fast_start(config, plan))
-        supervisor = Supervisor(replace(spec, log_dir=None if temporary else workdir), plan, listener, env, workdir,
+        supervisor = Supervisor(spec, plan, listener, env, workdir,
                                 temporary, before_start=_node_check(config, plan), zygote=zygote)
         return supervisor.run()
 

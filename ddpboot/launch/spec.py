@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from ddpboot.launch.options import Std
@@ -51,7 +50,6 @@ class LaunchSpec:
     max_restarts: int = 0
     shutdown_timeout: float = 30.0
     monitor_interval: float = 0.1
-    log_dir: Path | None = None  # the run's own directory (already unique), or None: a temp dir, removed at exit
     routing: Routing = field(default_factory=Routing)
     signals: tuple[signal.Signals, ...] = ()
     master_addr: str = "127.0.0.1"  # what workers get as MASTER_ADDR

@@ -36,12 +36,12 @@ class ExitRecorder:
         sys.exit = self._wrap(sys.exit)
         for name in ("exit", "quit"):
             quitter = getattr(builtins, name, None)
-            if quitter is not None and not getattr(quitter, "_ddpboot_records", False):
+            if quitter is not None:
                 setattr(builtins, name, self._wrap(quitter))
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., NoReturn]:
-        if getattr(fn, "_ddpboot_records", False):
-            return fn
+        if getattr(fn, "_ddpboot_recorder", None) is self:
+            return fn  # installed already
 
         def recording(code: object = None) -> NoReturn:
             if threading.current_thread() is threading.main_thread():  # elsewhere it only ends that thread
@@ -49,7 +49,7 @@ class ExitRecorder:
             fn(code)
             raise SystemExit(code)  # pragma: no cover - fn raised already
 
-        recording._ddpboot_records = True  # type: ignore[attr-defined]
+        recording._ddpboot_recorder = self  # type: ignore[attr-defined]
         recording.__doc__ = fn.__doc__
         return recording
 

@@ -233,7 +233,7 @@ class ElasticDriver:
         # One attempt, numbered as the job's failure restarts so far: a restart needs a new round, so the round
         # never restarts by itself, but TORCHELASTIC_RESTART_COUNT, attempt_N and the summary count the job's.
         sup = self.supervisor(
-            replace(spec, log_dir=None if temporary else workdir), round_plan(self.plan, rnd), listener, self.env,
+            spec, round_plan(self.plan, rnd), listener, self.env,
             workdir, temporary, watch=self._watch, watch_interval=WATCH_INTERVAL,
             attempts=range(restarts, restarts + 1), **kwargs,
         )

@@ -12,6 +12,7 @@ from ddpboot.launch.logs import Console, LogFile, RankStream
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.selection.planner import Plan, RankSlot
+from ddpboot.units import short_uuid
 
 
 def exit_code_of(status: int) -> int:
@@ -32,8 +33,7 @@ def describe_status(status: int) -> str:
 def describe_gpus(slot: RankSlot) -> str:
     if not slot.gpus:
         return "CPU"
-    return ", ".join(f"GPU {g.label} ({g.uuid[:12]}…)" if len(g.uuid) > 12 else f"GPU {g.label} ({g.uuid})"
-                     for g in slot.gpus)
+    return ", ".join(f"GPU {g.label} ({short_uuid(g.uuid)})" for g in slot.gpus)
 
 
 @dataclass(eq=False)
