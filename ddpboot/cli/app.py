@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 TOOLS = ("plan", "gpus", "smoke")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """A tool when the first argument names one, else a job. Each side imports only what it needs."""
+def main(argv: list[str] | None = None) -> NoReturn:
+    """A tool when the first argument names one, else a job. Each side imports only what it needs. A mistyped
+    option or value is one `ddpboot: error:` line (exit 2), as every other error a user can make."""
+    from typer import Abort
+    from typer._click import exceptions  # the click that typer carries (its own copy)
+
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in TOOLS:
-        from ddpboot.cli.tools import tools
+        from ddpboot.cli.tools import tools as command
 
-        tools(args, prog_name="ddpboot")
+        prog = f"ddpboot {args[0]}"
     else:
-        from ddpboot.cli.run import run_app
+        from ddpboot.cli.run import run_app as command
 
-        run_app(args, prog_name="ddpboot")
+        prog = "ddpboot"
+    try:
+        code = command(args, prog_name="ddpboot", standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as exc:  # bare `ddpboot`: typer has shown the help already
+        sys.exit(exc.exit_code)
+    except exceptions.ClickException as exc:
+        from ddpboot.cli.output import fail_now
+
+        fail_now(f"{exc.format_message().rstrip('.')}. Run `{prog} -h` for the options.", exc.exit_code)
+    except Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.models import ArgumentInfo
 
 from ddpboot.errors import UsageError
 from ddpboot.nodes.static import NodeSetup, parse_nnodes, resolve_nodes
@@ -41,7 +42,8 @@ class Selection:
     share: bool
 
 
-_SEL = "Selection"
+_SEL = "GPU selection"
+_NODES = "Multi-node"
 SELECTION_PARAMS = [
     inspect.Parameter(
         "nproc",
@@ -160,7 +162,7 @@ SELECTION_PARAMS = [
         default="1",
         annotation=Annotated[
             str,
-            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_SEL,
+            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES,
                          help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
                          "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
         ],
@@ -172,7 +174,7 @@ SELECTION_PARAMS = [
         annotation=Annotated[
             int,
             typer.Option(
-                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_SEL
+                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES
             ),
         ],
     ),
@@ -239,11 +241,19 @@ def with_selection(fn: F) -> F:
                 values[name] = None
         return fn(*args, selection=Selection(**values), **kwargs)
 
-    params = own + SELECTION_PARAMS
-    params.sort(key=lambda p: p.kind)  # positional arguments first
+    # Arguments first, then the selection options (the ones most jobs set, so `--help` shows them first), then the
+    # command's own. Typer passes every value by keyword, so all options can be keyword-only.
+    kw = inspect.Parameter.KEYWORD_ONLY
+    arguments = [p.replace(kind=kw) for p in own if _is_argument(p)]
+    params = arguments + SELECTION_PARAMS + [p.replace(kind=kw) for p in own if not _is_argument(p)]
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     return wrapper  # type: ignore[return-value]
+
+
+def _is_argument(param: inspect.Parameter) -> bool:
+    """Whether a command parameter is a positional argument (typer.Argument), whose order on the line matters."""
+    return any(isinstance(meta, ArgumentInfo) for meta in getattr(param.annotation, "__metadata__", ()))
 
 
 def flag_nodes(
@@ -257,6 +267,9 @@ def flag_nodes(
 
 def selection_request(sel: Selection, nodes: NodeSetup) -> Request:
     """The Request for these options on this node."""
+    if sel.gpus is not None and not sel.gpus.strip():
+        raise UsageError("--gpus '': the list is empty, so it names no GPU. Name GPUs (--gpus 0,1), leave --gpus "
+                         "out to let ddpboot choose free ones, or use --cpu for CPU ranks.")
     if not 0 <= sel.max_util <= 100:
         raise UsageError(f"--max-util {sel.max_util}: give a percentage between 0 and 100.")
     return parse_request(

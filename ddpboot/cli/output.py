@@ -34,6 +34,12 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
+def fail_now(message: str, code: int = 2) -> NoReturn:
+    """Print a user's error as one `ddpboot: error:` paragraph and exit with `code`."""
+    console(stderr=True).print(f"[bold red]ddpboot: error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     console(stderr=True).print(f"[bold red]ddpboot: error:[/] {escape(message)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)

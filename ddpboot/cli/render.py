@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpboot.cli.output import console, escape
 from ddpboot.selection.affinity import format_cpu_list
-from ddpboot.units import format_size, plural
+from ddpboot.units import format_size, plural, short_uuid
 
 if TYPE_CHECKING:
     from ddpboot.launch.spec import LaunchSpec
@@ -17,15 +18,57 @@ if TYPE_CHECKING:
     from ddpboot.smoke import Report
 
 
-def short_uuid(uuid: str) -> str:
-    """A GPU UUID cut to fit a table column (its first 12 characters tell GPUs apart)."""
-    return uuid[:12] + "…" if len(uuid) > 12 else uuid
+@dataclass
+class Column:
+    """A table column: its header, its cells (rich markup), and whether it carries the map (never dropped)."""
+
+    header: str
+    cells: list[str]
+    keep: bool = False
+
+    def width(self) -> int:
+        from rich.text import Text
+
+        return max([len(self.header)] + [Text.from_markup(c).cell_len for c in self.cells])
 
 
-def render_plan(plan: Plan) -> None:
-    """Which GPU each rank gets, and what cuda:0 means inside it."""
+def fit_columns(columns: list[Column], width: int, priority: list[str]) -> list[Column]:
+    """The columns that fit in `width`, in their original order: the map columns always (they carry the point of
+    the table), then the others in `priority` order while the table stays on one line per row. A column costs its
+    widest cell plus three characters (padding and the rule between columns)."""
+    by_header = {c.header: c for c in columns}
+    chosen = {c.header for c in columns if c.keep}
+    used = sum(by_header[h].width() + 3 for h in chosen)
+    for header in priority:
+        cost = by_header[header].width() + 3
+        if header not in chosen and used + cost <= width:
+            chosen.add(header)
+            used += cost
+    return [c for c in columns if c.header in chosen]
+
+
+def print_table(columns: list[Column], priority: list[str]) -> None:
+    """Print the columns that fit this console's width; rows never wrap, so each rank or GPU stays one line."""
     from rich.table import Table
 
+    con = console()
+    table = Table(show_edge=False, header_style="bold")
+    shown = fit_columns(columns, con.width, priority)
+    for col in shown:
+        table.add_column(col.header, no_wrap=True, overflow="ellipsis" if not col.keep else "fold")
+    rows = len(columns[0].cells) if columns else 0
+    for i in range(rows):
+        table.add_row(*(col.cells[i] for col in shown))
+    con.print(table)
+    dropped = [c.header for c in columns if c not in shown]
+    if dropped:
+        con.print(f"[dim]({', '.join(dropped)}: not shown at {con.width} columns; see --wide or --json)[/]",
+                  soft_wrap=True)
+
+
+def render_plan(plan: Plan, wide: bool = False) -> None:
+    """Which GPU each rank gets, and what cuda:0 means inside it. Rank, local rank, GPU and device always show;
+    UUIDs and PCI bus ids only with `wide` (full), the other columns as the width allows."""
     con = console()
     nodes = plural(plan.nnodes, "node")
     head = (
@@ -35,15 +78,19 @@ def render_plan(plan: Plan) -> None:
     )
     if plan.cluster.get("description"):
         head += f" · nodes from {escape(str(plan.cluster['description']))}"
-    con.print(head)
-    table = Table(show_edge=False, header_style="bold")
-    cols = ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device", "cores")
-    for col in cols:
-        table.add_column(col, no_wrap=col in ("UUID", "PCI bus id", "CUDA_VISIBLE_DEVICES"))
+    con.print(head, soft_wrap=True)
+    headers = ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device",
+               "cores")
+    cells: dict[str, list[str]] = {h: [] for h in headers}
+
+    def add(*values: str) -> None:
+        for header, value in zip(headers, values, strict=True):
+            cells[header].append(value)
+
     for slot in plan.ranks:
         cores = format_cpu_list(slot.cpus) or "any"
         if not slot.gpus:
-            table.add_row(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu", cores)
+            add(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu", cores)
             continue
         cvd = ",".join(short_uuid(u) for u in slot.cuda_visible_devices.split(","))
         if plan.isolation == "node" and len(plan.ranks) > 1:
@@ -51,60 +98,67 @@ def render_plan(plan: Plan) -> None:
         for j, gpu in enumerate(slot.gpus):
             first = j == 0
             device = slot.device if first else f"cuda:{int(slot.device.split(':')[1]) + j}"
-            table.add_row(
+            add(
                 str(slot.rank) if first else "",
                 str(slot.local_rank) if first else "",
                 gpu.label,
-                short_uuid(gpu.uuid),
+                gpu.uuid,
                 gpu.pci_bus_id,
-                gpu.name,
+                escape(gpu.name),
                 format_size(gpu.memory_free),
                 cvd if first else "",
                 f"{device} = GPU {gpu.label}",
                 cores if first else "",
             )
-    con.print(table)
+    keep = {"rank", "local", "GPU", "device"}
+    optional = ["CUDA_VISIBLE_DEVICES", "free", "cores", "name"] + (["UUID", "PCI bus id"] if wide else [])
+    columns = [Column(h, cells[h], h in keep) for h in headers if h in keep or h in optional]
+    print_table(columns, optional)
     for note in plan.notes:
         con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
-def render_gpus(records: list[dict[str, Any]], inventory: Inventory) -> None:
-    from rich.table import Table
+def gpu_state(rec: dict[str, Any]) -> str:
+    """What `ddpboot gpus` says about one GPU: locked (by whom), not visible, excluded, busy (why), or free."""
+    if rec.get("mig_devices"):
+        return "MIG mode"
+    if rec["locked"]:
+        h = rec["locked_by"]
+        return f"[magenta]locked[/] by {escape(str(h['user']))} (pid {h['pid']}: {escape(str(h['command']))})"
+    if not rec["visible"]:
+        return "[dim]not visible[/]"
+    if rec["excluded"]:
+        return "[dim]excluded[/]"
+    if rec["busy"]:
+        return "[red]busy[/] (" + escape("; ".join(rec["busy_reasons"])) + ")"
+    return "[green]free[/]"
 
+
+def render_gpus(records: list[dict[str, Any]], inventory: Inventory, wide: bool = False) -> None:
+    """The machine's GPUs, one line each. GPU index and state always show; UUIDs and PCI bus ids are cut to
+    12 characters unless `wide`, and columns that do not fit the width are left out (--wide, --json show all)."""
     con = console()
     if not records:
         con.print("No GPUs" + (": " + "; ".join(inventory.notes) if inventory.notes else "."), soft_wrap=True)
         return
-    table = Table(show_edge=False, header_style="bold")
-    for col in ("GPU", "UUID", "PCI bus id", "name", "memory used", "util", "procs", "state"):
-        table.add_column(col, no_wrap=True)
+    headers = ("GPU", "UUID", "PCI bus id", "name", "memory used", "util", "procs", "state")
+    cells: dict[str, list[str]] = {h: [] for h in headers}
 
     def row(rec: dict[str, Any], label: str) -> None:
-        if rec["locked"]:
-            h = rec["locked_by"]
-            state = f"[magenta]locked[/] by {h['user']} (pid {h['pid']}: {h['command']})"
-        elif not rec["visible"]:
-            state = "[dim]not visible[/]"
-        elif rec["excluded"]:
-            state = "[dim]excluded[/]"
-        elif rec["busy"]:
-            state = "[red]busy[/] (" + "; ".join(rec["busy_reasons"]) + ")"
-        else:
-            state = "[green]free[/]"
-        if rec.get("mig_devices"):
-            state = "MIG mode"
         util = "?" if rec["utilization"] is None else f"{rec['utilization']}%"
         used = f"{format_size(rec['memory_used'])} / {format_size(rec['memory_total'])}"
-        table.add_row(
-            label, short_uuid(rec["uuid"]), rec["pci_bus_id"], rec["name"], used, util, str(len(rec["processes"])),
-            state,
-        )
+        values = (label, rec["uuid"] if wide else short_uuid(rec["uuid"]), rec["pci_bus_id"], escape(rec["name"]),
+                  used, util, str(len(rec["processes"])), gpu_state(rec))
+        for header, value in zip(headers, values, strict=True):
+            cells[header].append(value)
 
     for rec in records:
         row(rec, str(rec["index"]))
         for mig in rec.get("mig_devices", []):
             row(mig, f"  {mig['index']}:{mig['mig_index']}")
-    con.print(table)
+    keep = {"GPU", "state"}
+    optional = ["memory used", "util", "procs", "UUID", "name", "PCI bus id"]
+    print_table([Column(h, cells[h], h in keep) for h in headers], optional)
     for note in inventory.notes:
         con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
@@ -134,7 +188,7 @@ def render_smoke(report: Report) -> None:
     for note in report.notes:
         con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     verdict = "[green]PASSED[/]" if report.passed else "[bold red]FAILED[/]"
-    con.print(f"smoke {verdict}: {report.plan.world_size} ranks, {report.plan.backend}, "
+    con.print(f"smoke {verdict}: {report.plan.world_size} ranks, {report.backend}, "
               f"{report.wall_seconds:.1f} s")
 
 

@@ -23,10 +23,14 @@ from ddpboot.cli.render import render_dry_run
 from ddpboot.cli.run_options import (
     ArgsArgument,
     DryRunOption,
+    DuplicateStderrFiltersOption,
+    DuplicateStdoutFiltersOption,
+    EventLogHandlerOption,
     FastStartOption,
     LocalAddrOption,
     LocalRanksFilterOption,
     LogDirOption,
+    LogsSpecsOption,
     MasterAddrOption,
     MasterPortOption,
     MaxRestartsOption,
@@ -34,6 +38,8 @@ from ddpboot.cli.run_options import (
     MonitorIntervalOption,
     NoPrefixOption,
     NoPythonOption,
+    NumaBindingOption,
+    OversubscribeOption,
     PreloadOption,
     RanksFilterOption,
     RdzvBackendOption,
@@ -50,24 +56,27 @@ from ddpboot.cli.run_options import (
     StartMethodOption,
     StoreOption,
     TeeOption,
+    VersionOption,
     VirtualLocalRankOption,
     WaitForGpusOption,
 )
-from ddpboot.cli.tools import INDEX_RULES
+from ddpboot.cli.tools import COMMANDS, INDEX_RULES
 from ddpboot.errors import UsageError
 from ddpboot.launch import runner
 from ddpboot.launch.config import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     LaunchConfig,
     OutputConfig,
+    check_preloads,
     check_torchrun_options,
     parse_preloads,
     parse_store_backend,
+    refuse_torchrun_options,
     target_kind,
 )
 from ddpboot.launch.faststart import supports
 from ddpboot.launch.options import DEFAULT_SIGNALS, parse_duration, parse_rdzv_conf, parse_signals
-from ddpboot.launch.preflight import check_target
+from ddpboot.launch.preflight import check_rank_count, check_target
 from ddpboot.launch.spec import Target
 from ddpboot.nodes.check import join_timeout
 from ddpboot.nodes.launcher import NodeOptions, launcher_nodes, store_address
@@ -75,7 +84,7 @@ from ddpboot.selection.reserve import parse_wait
 
 run_app = typer.Typer(
     add_completion=False,
-    rich_markup_mode=None,
+    rich_markup_mode="rich",
     help="Run SCRIPT (with ARGS) as a DDP job: one worker per rank on exactly the planned GPUs, with torchrun's "
     "environment, supervised (fail-fast, signals, no orphans). `ddpboot plan` shows the plan without running; "
     "`ddpboot gpus` lists GPUs.",
@@ -85,6 +94,8 @@ run_app = typer.Typer(
 @run_app.command(
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
     epilog=INDEX_RULES,
+    help="Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code.\n\n"
+    + COMMANDS,
     no_args_is_help=True,
 )
 @handle_errors
@@ -122,11 +133,24 @@ def run(
     no_prefix: NoPrefixOption = False,
     virtual_local_rank: VirtualLocalRankOption = False,
     dry_run: DryRunOption = False,
+    version: VersionOption = False,
+    oversubscribe: OversubscribeOption = False,
+    numa_binding: NumaBindingOption = None,
+    logs_specs: LogsSpecsOption = None,
+    event_log_handler: EventLogHandlerOption = None,
+    duplicate_stdout_filters: DuplicateStdoutFiltersOption = None,
+    duplicate_stderr_filters: DuplicateStderrFiltersOption = None,
 ) -> None:
     """Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code."""
+    del version  # --version is eager: it printed and exited before this runs
     env, cwd = dict(os.environ), Path.cwd()
     try:
         # The launcher's own options: cheap checks first, nothing touched yet.
+        refuse_torchrun_options({
+            "--numa-binding": numa_binding, "--logs-specs": logs_specs, "--event-log-handler": event_log_handler,
+            "--duplicate-stdout-filters": duplicate_stdout_filters,
+            "--duplicate-stderr-filters": duplicate_stderr_filters,
+        })
         kind = target_kind(module, no_python, run_path)
         if virtual_local_rank and selection.isolation.strip().lower() == "node":
             raise UsageError("--virtual-local-rank (LOCAL_RANK=0, one GPU per worker) contradicts --isolation node.")
@@ -148,11 +172,17 @@ def run(
         python = env.get("PYTHON_EXEC") or sys.executable
         target = check_target(Target(kind, script, tuple(args or ())), python, env, cwd)
         preloads = parse_preloads(preload, fast_start)
+        if preloads and python == sys.executable:  # another interpreter has its own path: it checks at start
+            script_dir = str((cwd / script).parent) if kind == "script" else str(cwd)
+            check_preloads(preloads, [script_dir, str(cwd), *sys.path])
         forks = fast_start and _forks(target, script)
         wait = None if dry_run else parse_wait(wait_for_gpus)  # a dry run does not wait
+        request = selection_request(selection, nodes)
+        if isinstance(request.nproc, int) and not dry_run:  # a dry run starts nothing: it shows any count
+            check_rank_count(request.nproc, oversubscribe)
         config = LaunchConfig(
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=store_addr,
-            request=selection_request(selection, nodes), store=backend, signals=signals, shutdown_timeout=shutdown,
+            request=request, store=backend, signals=signals, shutdown_timeout=shutdown,
             monitor_interval=monitor, max_restarts=max_restarts, role=role, rdzv_id=rdzv_id,
             rdzv_backend=rdzv_backend, rdzv_conf=conf, join_timeout=join, output=output, fast_start=forks,
             preloads=preloads, wait_for_gpus=wait, dry_run=dry_run,

@@ -5,14 +5,30 @@ PET_* environment defaults. The selection options shared with `plan` and `smoke`
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated
 
 import typer
 
-_PROG = "Program"
-_STORE = "Store and nodes (torchrun's rendezvous options)"
+_PROG = "Job"
+_STORE = "Multi-node"
 _SUP = "Supervision"
-_OUT = "Output"
+_OUT = "Logs"
+_TORCHRUN = "torchrun compatibility"
+
+def _print_version(value: bool) -> None:
+    if value:
+        # The package's __init__ is loaded already (this module is inside it) and loads the worker API only on
+        # first use; looked up by name so the import graph does not show the worker API under the command line.
+        print(f"ddpboot {importlib.import_module('ddpboot').__version__}")
+        raise typer.Exit(0)
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option("--version", is_eager=True, callback=_print_version, rich_help_panel=_PROG,
+                 help="Print ddpboot's version and exit."),
+]
 
 ScriptArgument = Annotated[
     str,
@@ -44,7 +60,7 @@ NoPythonOption = Annotated[
 
 RunPathOption = Annotated[
     bool,
-    typer.Option("--run-path", "--run_path", envvar="PET_RUN_PATH", rich_help_panel=_PROG,
+    typer.Option("--run-path", "--run_path", envvar="PET_RUN_PATH", rich_help_panel=_TORCHRUN,
                  help="Run SCRIPT through runpy.run_path as __main__ (torchrun's --run-path); each worker is "
                  "still its own process."),
 ]
@@ -101,21 +117,21 @@ RdzvIdOption = Annotated[
 
 RdzvConfOption = Annotated[
     str,
-    typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_STORE,
+    typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_TORCHRUN,
                  help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (every job with several nodes), "
                  "last_call_timeout, close_timeout and the others of torch's c10d rendezvous (elastic jobs)."),
 ]
 
 StandaloneOption = Annotated[
     bool,
-    typer.Option("--standalone", envvar="PET_STANDALONE", rich_help_panel=_STORE,
+    typer.Option("--standalone", envvar="PET_STANDALONE", rich_help_panel=_TORCHRUN,
                  help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on "
                  "loopback (torchrun's listens on every interface)."),
 ]
 
 LocalAddrOption = Annotated[
     str | None,
-    typer.Option("--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_STORE,
+    typer.Option("--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_TORCHRUN,
                  help="This node's address for other nodes: where node group rank 0 serves the workers' store "
                  "in an elastic job (default: its address on the route to the rendezvous endpoint)."),
 ]
@@ -147,7 +163,7 @@ ShutdownTimeoutOption = Annotated[
 MonitorIntervalOption = Annotated[
     float,
     typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",
-                 rich_help_panel=_SUP,
+                 rich_help_panel=_TORCHRUN,
                  help="ddpboot sees exits as they happen; this is only how often it re-checks that a stopped "
                  "rank's leftover processes are gone."),
 ]
@@ -163,14 +179,14 @@ SignalsToHandleOption = Annotated[
 
 StartMethodOption = Annotated[
     str,
-    typer.Option("--start-method", "--start_method", envvar="PET_START_METHOD", rich_help_panel=_SUP,
+    typer.Option("--start-method", "--start_method", envvar="PET_START_METHOD", rich_help_panel=_TORCHRUN,
                  help="torchrun's spawn, fork or forkserver; accepted. Scripts always start as fresh processes "
                  "(fork+exec), as under torchrun."),
 ]
 
 RoleOption = Annotated[
     str,
-    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_SUP, help="ROLE_NAME given to the workers."),
+    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_TORCHRUN, help="ROLE_NAME given to the workers."),
 ]
 
 WaitForGpusOption = Annotated[
@@ -189,14 +205,14 @@ LogDirOption = Annotated[
 
 RedirectsOption = Annotated[
     str | None,
-    typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_OUT,
+    typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_TORCHRUN,
                  help="Streams sent to the log files only, not the console: 0 none, 1 stdout, 2 stderr, 3 both; "
                  "per local rank as 0:3,10:2. Needs --log-dir."),
 ]
 
 TeeOption = Annotated[
     str | None,
-    typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_OUT,
+    typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_TORCHRUN,
                  help="Streams written to the log files and shown (same form as --redirects). With --log-dir and "
                  "neither -r nor -t, both streams of every rank are written and shown."),
 ]
@@ -204,7 +220,7 @@ TeeOption = Annotated[
 LocalRanksFilterOption = Annotated[
     str | None,
     typer.Option("--local-ranks-filter", "--local_ranks_filter", envvar="PET_LOCAL_RANKS_FILTER",
-                 rich_help_panel=_OUT,
+                 rich_help_panel=_TORCHRUN,
                  help="Show only these local ranks on the console (0,2-3); files still get every rank."),
 ]
 
@@ -217,13 +233,13 @@ RanksFilterOption = Annotated[
 NoPrefixOption = Annotated[
     bool,
     typer.Option("--no-prefix", envvar="DDPBOOT_NO_PREFIX", rich_help_panel=_OUT,
-                 help="Do not prefix console lines with [rankG]:."),
+                 help="Do not prefix console lines with \\[rankG]:."),
 ]
 
 VirtualLocalRankOption = Annotated[
     bool,
     typer.Option("--virtual-local-rank", "--virtual_local_rank", envvar="PET_VIRTUAL_LOCAL_RANK",
-                 rich_help_panel=_OUT, hidden=True,
+                 rich_help_panel=_TORCHRUN, hidden=True,
                  help="torchrun's LOCAL_RANK=0 with one GPU per worker: ddpboot's default (--isolation rank)."),
 ]
 
@@ -232,4 +248,24 @@ DryRunOption = Annotated[
     typer.Option("--dry-run", rich_help_panel=_OUT,
                  help="Print the plan and each worker's command and the environment variables ddpboot would "
                  "set; start nothing."),
+]
+
+
+# torchrun options that ddpboot refuses by name (launch/config.py says why and what to use instead): declared so
+# that the refusal names them, hidden from --help, listed in docs/guide.md.
+NumaBindingOption = Annotated[str | None, typer.Option("--numa-binding", "--numa_binding", hidden=True)]
+LogsSpecsOption = Annotated[str | None, typer.Option("--logs-specs", "--logs_specs", hidden=True)]
+EventLogHandlerOption = Annotated[str | None, typer.Option("--event-log-handler", "--event_log_handler", hidden=True)]
+DuplicateStdoutFiltersOption = Annotated[
+    str | None, typer.Option("--duplicate-stdout-filters", "--duplicate_stdout_filters", hidden=True)
+]
+DuplicateStderrFiltersOption = Annotated[
+    str | None, typer.Option("--duplicate-stderr-filters", "--duplicate_stderr_filters", hidden=True)
+]
+
+OversubscribeOption = Annotated[
+    bool,
+    typer.Option("--oversubscribe", envvar="DDPBOOT_OVERSUBSCRIBE", rich_help_panel=_SUP,
+                 help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file "
+                 "limits (ulimit -u, ulimit -n) still apply."),
 ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, TextIO
 
 import typer
 
@@ -23,13 +24,31 @@ from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request, parse_request
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import parse_size
 
-INDEX_RULES = """\
-GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and
-`ddpboot gpus` show, whatever CUDA_VISIBLE_DEVICES says. When the launcher inherits a CUDA_VISIBLE_DEVICES
-(e.g. from SLURM), they must still name GPUs it allows: with CUDA_VISIBLE_DEVICES=2,3, `--gpus 3` means
-physical GPU 3 and `--gpus 0` is an error. UUIDs (or unique prefixes: GPU-5f1c), PCI bus ids (0000:18:00.0),
-ranges (0-3) and MIG instances (3:1) are accepted too. Each worker then sees only its own GPUs, as cuda:0.
-"""
+# Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
+COMMANDS = (
+    "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
+    "`ddpboot smoke` runs a multi-GPU self-test; each takes -h.\n\n"
+)
+INDEX_RULES = (
+    "GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and "
+    "`ddpboot gpus` show, whatever CUDA_VISIBLE_DEVICES says. When the launcher inherits a CUDA_VISIBLE_DEVICES "
+    "(e.g. from SLURM), they must still name GPUs it allows: with CUDA_VISIBLE_DEVICES=2,3, `--gpus 3` means "
+    "physical GPU 3 and `--gpus 0` is an error. UUIDs (or unique prefixes: GPU-5f1c), PCI bus ids (0000:18:00.0), "
+    "ranges (0-3) and MIG instances (3:1) are accepted too. Each worker then sees only its own GPUs, as cuda:0."
+)
+
+
+def open_report(path: str, option: str) -> TextIO:
+    """The file a report will be written to, opened (created or truncated) now, so that a path that cannot be
+    written is an error before anything runs rather than a lost report after."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: that is a directory. Give a file path, e.g. {target / 'report.xml'}.")
+    try:
+        return target.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write there ({exc.strerror}). Give a path in an existing "
+                         "directory you can write to.") from None
 
 
 def plan_for(sel: Selection, master_addr: str | None = None, master_port: int | None = None) -> Plan:
@@ -75,8 +94,9 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
 tools = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="ddpboot's tools. Run a job with `ddpboot [OPTIONS] SCRIPT [ARGS...]` (see `ddpboot --help`).",
-    rich_markup_mode=None,
+    rich_markup_mode="rich",
 )
 
 
@@ -86,6 +106,7 @@ tools = typer.Typer(
 def plan_cmd(
     selection: Selection,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Add each GPU's full UUID and PCI bus id to the table.")] = False,
     master_addr: Annotated[
         str | None,
         typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR",
@@ -104,13 +125,14 @@ def plan_cmd(
         data.setdefault("cluster", plan.cluster)
         print(json.dumps(data, indent=2))
     else:
-        render_plan(plan)
+        render_plan(plan, wide)
 
 
 @tools.command("gpus", epilog=INDEX_RULES)
 @handle_errors
 def gpus_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as one JSON object.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show full UUIDs (cut to 12 characters otherwise).")] = False,
     exclude: Annotated[str | None, typer.Option("--exclude", help="Mark these GPUs excluded.")] = None,
     max_used_memory: Annotated[
         str, typer.Option("--max-used-memory", help="Busy above this memory in use.")
@@ -129,7 +151,7 @@ def gpus_cmd(
     if as_json:
         print(json.dumps({"gpus": records, "source": inventory.source, "notes": list(inventory.notes)}, indent=2))
     else:
-        render_gpus(records, inventory)
+        render_gpus(records, inventory, wide)
 
 
 @tools.command("smoke", epilog=INDEX_RULES)
@@ -163,10 +185,12 @@ def smoke_cmd(
     if timeout <= 0:
         raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
     plan = plan_for(selection)
-    report = run_smoke(plan, names, parse_size(max_bytes, "--max-bytes"), timeout)
-    if junit:
-        with open(junit, "w") as f:
-            f.write(junit_xml(report))
+    limit = parse_size(max_bytes, "--max-bytes")
+    report_file = open_report(junit, "--junit-xml") if junit else None  # a bad path fails before the test runs
+    report = run_smoke(plan, names, limit, timeout)
+    if report_file is not None:
+        with report_file:
+            report_file.write(junit_xml(report))
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -7,7 +7,8 @@ reserves and supervises from it, and turns it into the LaunchSpec the supervisor
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +53,41 @@ def check_torchrun_options(max_restarts: int, start_method: str, rdzv_conf: str,
     if start_method not in ("spawn", "fork", "forkserver"):
         raise UsageError(f"--start-method {start_method!r}: torchrun's choices are spawn, fork and forkserver.")
     parse_rdzv_conf(rdzv_conf)
-    if rdzv_backend.strip().lower() not in ("static", "c10d", "etcd", "etcd-v2"):
-        raise UsageError(f"--rdzv-backend {rdzv_backend!r}: torchrun's backends are static, c10d, etcd and etcd-v2.")
+    backend = rdzv_backend.strip().lower()
+    if backend in ("etcd", "etcd-v2"):
+        raise UsageError(
+            f"--rdzv-backend {rdzv_backend}: ddpboot has no etcd rendezvous and would not use it. A fixed node count "
+            "meets at ddpboot's store (--master-addr/--master-port, or --rdzv-backend static); an elastic "
+            "--nnodes MIN:MAX runs through torch's c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)."
+        )
+    if backend not in ("static", "c10d"):
+        raise UsageError(f"--rdzv-backend {rdzv_backend!r}: ddpboot takes static (the default) or c10d.")
+
+
+# torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).
+REFUSED_TORCHRUN_OPTIONS = {
+    "--numa-binding": "ddpboot does not bind ranks to NUMA nodes as torchrun does; it binds each rank to the CPU "
+    "cores near its GPU by default (--cpu-affinity auto). Drop --numa-binding, or choose cores with "
+    "--cpu-affinity LIST.",
+    "--logs-specs": "ddpboot has no LogsSpecs plugins; it writes each rank's output to --log-dir DIR "
+    "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
+    "--logs-specs.",
+    "--event-log-handler": "ddpboot has no event handler plugins; the launcher reports each failure on stderr. Drop "
+    "--event-log-handler.",
+    "--duplicate-stdout-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
+    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
+    "--duplicate-stdout-filters.",
+    "--duplicate-stderr-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
+    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
+    "--duplicate-stderr-filters.",
+}
+
+
+def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:
+    """An error naming the first refused torchrun option that was given (a value that is not None)."""
+    for option, value in given.items():
+        if value is not None:
+            raise UsageError(f"{option} {value}: {REFUSED_TORCHRUN_OPTIONS[option]}")
 
 
 def parse_store_backend(text: str) -> StoreBackend:
@@ -76,6 +110,35 @@ def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:
         raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
                          "comma-separated: --preload numpy,transformers).")
     return tuple(names)
+
+
+def check_preloads(names: Sequence[str], search: Sequence[str]) -> None:
+    """Each preloaded module's top-level package must be found on `search` (the script's directory, the working
+    directory and the interpreter's path) before anything starts: a typo is an error, not a silent fall back to
+    starting every rank with exec. Only the top level is looked up, so that nothing (torch above all) is imported."""
+    from importlib.machinery import PathFinder
+
+    missing = [m for m in names if PathFinder.find_spec(m.split(".")[0], list(search)) is None
+               and m.split(".")[0] not in sys.builtin_module_names]
+    if missing:
+        raise UsageError(
+            f"--preload {','.join(names)}: no module {', '.join(map(repr, missing))} is installed for this Python "
+            f"({sys.executable}) or found beside the script. Check the spelling, install it, or drop it from --preload."
+        )
+
+
+def check_log_dir(path: Path) -> None:
+    """--log-dir must be a directory or a path where one can be made: an existing file (or a file where a parent
+    directory should be) is named as such, rather than as the OS's "File exists" or "Not a directory"."""
+    for place in (path, *path.parents):
+        if place.exists() and not place.is_dir():
+            where = "is a file" if place == path else f"is inside {place}, which is a file"
+            raise UsageError(
+                f"--log-dir {path} {where}, not a directory. Give a directory (ddpboot creates it if missing), e.g. "
+                f"--log-dir {path.with_name(path.name + '-logs') if place == path else Path('logs')}."
+            )
+        if place.exists():
+            return
 
 
 @dataclass(frozen=True)
@@ -108,6 +171,8 @@ class OutputConfig:
                 "-r/--redirects and -t/--tee write worker output to files, which needs --log-dir DIR (torchrun would "
                 "use a temporary directory and leave it behind)."
             )
+        if log_dir:
+            check_log_dir(Path(log_dir))
         return cls(
             log_dir=Path(log_dir) if log_dir else None,
             redirects=red,

@@ -31,6 +31,9 @@ def check_target(target: Target, python: str, env: Mapping[str, str], cwd: Path)
 
 
 def _check_script(name: str, cwd: Path, via: str) -> None:
+    if not name.strip():
+        raise UsageError("the script name is empty (''). Give the path of the training script, e.g. "
+                         "`ddpboot --nproc 2 train.py`; for a module use -m NAME.")
     path = Path(name) if os.path.isabs(name) else cwd / name
     what = f"the script {name!r}" + (f" ({via})" if via else "")
     if not path.exists():
@@ -119,3 +122,36 @@ def _check_binary(name: str, env: Mapping[str, str], cwd: Path) -> str:
             "--no-python to run a Python script."
         )
     return found
+
+
+RANKS_PER_CORE = 16  # beyond this, ranks mostly wait for a core: start-up alone takes minutes, collectives time out
+FDS_PER_RANK = 4  # the launcher's ends of each rank's stdout and stderr pipes, its log files, its process handle
+PROCS_PER_RANK = 1
+
+
+def check_rank_count(ranks: int, oversubscribe: bool) -> None:
+    """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows, more open files than
+    RLIMIT_NOFILE allows the launcher, or (unless `oversubscribe`) more than RANKS_PER_CORE ranks per usable core."""
+    import resource
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    nproc_limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if nproc_limit != resource.RLIM_INFINITY and ranks * PROCS_PER_RANK >= nproc_limit:
+        raise UsageError(
+            f"--nproc {ranks}: {ranks} ranks need {ranks * PROCS_PER_RANK} processes, but your process limit "
+            f"(ulimit -u, RLIMIT_NPROC) is {nproc_limit}, counting the ones you already run. Ask for fewer ranks, "
+            "or raise the limit (ulimit -u) before starting ddpboot."
+        )
+    files_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if files_limit != resource.RLIM_INFINITY and ranks * FDS_PER_RANK + 64 > files_limit:
+        raise UsageError(
+            f"--nproc {ranks}: the launcher keeps about {FDS_PER_RANK} files open per rank, "
+            f"{ranks * FDS_PER_RANK + 64} in all, but the open-file limit (ulimit -n, RLIMIT_NOFILE) is {files_limit}. "
+            f"Ask for at most {(files_limit - 64) // FDS_PER_RANK} ranks, or raise the limit (ulimit -n)."
+        )
+    if not oversubscribe and ranks > RANKS_PER_CORE * cores:
+        raise UsageError(
+            f"--nproc {ranks}: {ranks} ranks on {cores} usable CPU core{'s' if cores != 1 else ''} is more than "
+            f"{RANKS_PER_CORE} per core, where start-up alone takes minutes and collectives time out. Ask for at "
+            f"most {RANKS_PER_CORE * cores} ranks, or add --oversubscribe to start them anyway."
+        )

@@ -22,7 +22,11 @@ def parse_cpu_list(text: str, option: str = "--cpu-affinity") -> tuple[int, ...]
             if "-" in tok:
                 lo_s, hi_s = tok.split("-", 1)
                 lo, hi = int(lo_s), int(hi_s)
-                if lo > hi or lo < 0:
+                if lo > hi >= 0:
+                    raise UsageError(
+                        f"{option} {text!r}: the range {tok!r} runs backwards. Write it low to high: {hi}-{lo}."
+                    )
+                if lo < 0:
                     raise ValueError
                 out.extend(range(lo, hi + 1))
             else:

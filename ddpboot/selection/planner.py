@@ -27,6 +27,11 @@ __all__ = ["DEFAULT_MAX_UTIL", "Plan", "RankSlot", "Request", "busy_reasons", "m
 Groups = list[tuple[GPU, ...]]  # one entry per local rank: its GPUs (empty for a CPU rank)
 
 
+class GpusBusy(PlanError):
+    """The plan needs GPUs that are busy or locked now but that the machine allows: waiting (--wait-for-gpus) may
+    help. Any other PlanError is a request this machine can never meet, however long one waits."""
+
+
 @dataclass(frozen=True)
 class RankSlot:
     rank: int
@@ -195,7 +200,7 @@ class _Choosing:
     def check_free(self, unit: GPU, gpus: GpuList) -> None:
         """A named GPU is used even when busy (with a note), but not while another job holds it, unless shared."""
         if unit.uuid in self.locked and not self.req.share:
-            raise PlanError(
+            raise GpusBusy(
                 f"--gpus {gpus.text}: GPU {unit.label} is locked by another ddpboot job: {self.locked[unit.uuid]}. "
                 "Choose other GPUs, wait for it (--wait-for-gpus), or use it anyway with --share."
             )
@@ -227,7 +232,7 @@ class _Choosing:
             pool = [u for u in candidates if not busy_reasons(u, self.req, self.locked)]
         n = self.rank_count(pool, candidates)
         if len(pool) < n * k:
-            raise PlanError(self.shortage(n, pool, candidates))
+            raise self.shortage_error(n, pool, candidates)
         chosen = self.preferred(pool, n * k)
         return [tuple(chosen[i : i + k]) for i in range(0, n * k, k)], "nccl"
 
@@ -239,6 +244,13 @@ class _Choosing:
                 raise PlanError(
                     f"{visible.describe()}: it hides every GPU, yet GPUs were asked for. Unset CUDA_VISIBLE_DEVICES "
                     "or set it to the GPUs this job may use."
+                )
+            if (visible.raw or "").strip() not in ("", "-1"):  # only '' and -1 hide every GPU on purpose
+                raise PlanError(
+                    f"CUDA_VISIBLE_DEVICES={visible.raw!r} names no GPU of this machine "
+                    f"({self.inventory.describe()}), so CUDA would hide every GPU and the job would run on CPU. "
+                    "Set it to GPUs that exist (indices or UUIDs from `ddpboot gpus`), to '' or -1 for CPU ranks "
+                    "on purpose, or unset it."
                 )
             return self.cpu_instead(f"CUDA_VISIBLE_DEVICES={visible.raw!r} hides every GPU")
         exclude = self.req.exclude.text if self.req.exclude else ""
@@ -255,7 +267,7 @@ class _Choosing:
             return nproc if isinstance(nproc, int) else 1
         n = len(pool) // k
         if n == 0:
-            raise PlanError(self.shortage(1, pool, candidates))
+            raise self.shortage_error(1, pool, candidates)
         if len(pool) % k:
             self.notes.append(f"{len(pool) % k} GPU(s) left unused: {len(pool)} GPUs do not split into groups of {k}")
         for unit in pool:
@@ -279,6 +291,11 @@ class _Choosing:
         )
         return sorted(ranked[:need], key=lambda u: position[u.uuid])
 
+    def shortage_error(self, n: int, pool: Sequence[GPU], candidates: Sequence[GPU]) -> PlanError:
+        """GpusBusy when the allowed GPUs would do once the busy or locked ones are free; else a plain PlanError."""
+        cls = GpusBusy if len(candidates) >= n * self.req.gpus_per_proc else PlanError
+        return cls(self.shortage(n, pool, candidates))
+
     def shortage(self, n: int, pool: Sequence[GPU], candidates: Sequence[GPU]) -> str:
         """Why `n` ranks cannot be had: what is free, and why each other GPU is not."""
         k = self.req.gpus_per_proc
@@ -295,11 +312,14 @@ class _Choosing:
             parts.append("excluded: " + ", ".join(u.label for u in self.excluded))
         if self.visible.restricted:
             parts.append(self.visible.describe())
-        return (
-            "; ".join(parts)
-            + ". Ask for fewer ranks, name GPUs with --gpus (busy ones included), or raise --max-used-memory / "
-            "--max-util."
-        )
+        if len(candidates) < n * k:  # more than the machine allows: no threshold or waiting changes that
+            todo = "Ask for at most " + plural(len(candidates) // k, "rank") + ", or run CPU ranks with --cpu."
+        elif any(reasons for _, reasons in busy):
+            todo = ("Ask for fewer ranks, name GPUs with --gpus (busy ones included), or raise --max-used-memory / "
+                    "--max-util.")
+        else:
+            todo = "Ask for fewer ranks, or wait until the locked GPUs are free (--wait-for-gpus)."
+        return "; ".join(parts) + ". " + todo
 
 
 def _layout(

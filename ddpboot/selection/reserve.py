@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpboot.errors import PlanError, UsageError
+from ddpboot.errors import UsageError
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
-from ddpboot.selection.planner import Plan
+from ddpboot.selection.planner import GpusBusy, Plan
 
 PlanWith = Callable[[Inventory, Mapping[str, str]], Plan]
 
@@ -47,7 +47,8 @@ def reserve(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Plan, GpuLocks | None]:
-    """The plan and the locks on its GPUs. Without `wait`, a plan that cannot be had now raises at once."""
+    """The plan and the locks on its GPUs. Without `wait`, a plan that cannot be had now raises at once; with it,
+    only a plan that waits on busy or locked GPUs (GpusBusy) is tried again until the deadline."""
     prepare_lock_dir(directory)
     deadline = None if wait is None else clock() + wait
     last_reason = ""
@@ -57,7 +58,7 @@ def reserve(
         holders = current_holders(uuids, directory)
         try:
             plan = plan_with(inventory, {u: h.describe() for u, h in holders.items()})
-        except PlanError as exc:
+        except GpusBusy as exc:  # any other PlanError is raised at once: no wait makes it possible
             if deadline is None or clock() >= deadline:
                 raise
             reason = str(exc)

@@ -52,11 +52,18 @@ class Report:
     def passed(self) -> bool:
         return all(v.status != "fail" for v in self.verdicts)
 
+    @property
+    def backend(self) -> str:
+        """The backend the ranks initialised (simulated GPUs run gloo where the plan says nccl); the plan's when no
+        rank got that far."""
+        used = {v.figures["backend"] for v in self.verdicts if v.check == "init" and "backend" in v.figures}
+        return ",".join(sorted(used)) or self.plan.backend
+
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "world_size": self.plan.world_size,
-            "backend": self.plan.backend,
+            "backend": self.backend,
             "wall_seconds": self.wall_seconds,
             "launcher_exit": self.launcher_exit,
             "notes": self.notes,

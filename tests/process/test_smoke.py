@@ -96,3 +96,23 @@ def test_bad_input(args: list[str], message: str) -> None:
     out = run_ddpboot("smoke", *args, env=clean_env(DDPBOOT_FAKE_GPUS="2"))
     assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_report_names_the_backend_the_ranks_ran(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddpboot.cli.render import render_smoke
+    from ddpboot.selection.inventory import fake_inventory
+    from ddpboot.selection.planner import make_plan
+    from ddpboot.selection.request import parse_request
+    from ddpboot.smoke import Report, Verdict
+
+    plan = make_plan(parse_request(nproc="2"), fake_inventory("2"), {}, cpu_count=2)
+    assert plan.backend == "nccl"  # simulated GPUs are planned as GPUs; their ranks run gloo on CPU
+    inits = [Verdict("init", r, "pass", "gloo on cpu", {"backend": "gloo"}) for r in (0, 1)]
+    report = Report(plan, inits, 0, 1.0, [])
+    assert report.backend == "gloo" and report.to_json()["backend"] == "gloo"
+    monkeypatch.setenv("COLUMNS", "120")
+    render_smoke(report)
+    assert "smoke PASSED: 2 ranks, gloo," in capsys.readouterr().out
+    assert Report(plan, [], None, 1.0, []).backend == "nccl"  # no rank got as far as init: the plan's

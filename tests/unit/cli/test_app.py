@@ -25,3 +25,83 @@ def test_a_job_errors_as_one_message(capsys: pytest.CaptureFixture[str]) -> None
     assert done.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith("ddpboot: error: --store 'foo': choose python") and "Traceback" not in err
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    out = capsys.readouterr()
+    return int(done.value.code or 0), out.out, out.err
+
+
+@pytest.mark.parametrize("tool", ["plan", "gpus", "smoke"])
+def test_every_tool_takes_dash_h(tool: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main([tool, "-h"], capsys)
+    assert code == 0 and f"Usage: ddpboot {tool}" in out
+
+
+def test_the_help_lists_the_tools_and_puts_gpu_selection_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_main(["-h"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert all(f"`ddpboot {tool}`" in out for tool in ("plan", "gpus", "smoke"))
+    panels = [line.split("─ ")[1].split(" ─")[0] for line in lines if line.startswith("╭─ ")]
+    assert panels[:3] == ["Arguments", "Options", "GPU selection"]
+    assert {"Job", "Multi-node", "Supervision", "Logs", "torchrun compatibility"} <= set(panels)
+    first = {name: next(i for i, line in enumerate(lines) if name in line) for name in ("--nproc", "--gpus")}
+    assert first["--nproc"] < 25 and first["--gpus"] < 35
+    assert "SIGUS R1" not in out and "--master- addr" not in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpboot import __version__
+
+    code, out, err = run_main(["--version"], capsys)
+    assert code == 0 and out.strip() == f"ddpboot {__version__}" and not err
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["--max-util", "x", "train.py"], "ddpboot: error: Invalid value for '--max-util'"),
+        (["--nprocs", "2", "train.py"], "ddpboot: error: No such option: --nprocs"),
+        (["plan", "--log-dir", "x"], "ddpboot: error: No such option: --log-dir"),
+    ],
+)
+def test_a_mistyped_option_is_one_error_line(args: list[str], start: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and err.startswith(start) and len(err.strip().splitlines()) == 1, err
+    assert "ddpboot -h" in err or "ddpboot plan -h" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "instead"),
+    [
+        ("--numa-binding", "--cpu-affinity"),
+        ("--logs-specs", "--log-dir"),
+        ("--event-log-handler", "stderr"),
+        ("--duplicate-stdout-filters", "--log-dir"),
+        ("--duplicate_stderr_filters", "--log-dir"),
+    ],
+)
+def test_refused_torchrun_options_are_named(option: str, instead: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["--dry-run", option, "x", "train.py"], capsys)
+    assert code == 2 and err.startswith(f"ddpboot: error: {option.replace('_', '-')} x:") and instead in err
+
+
+def test_a_bad_junit_path_fails_before_the_smoke_test(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import ddpboot.smoke
+
+    def started(*_args: object) -> None:
+        raise AssertionError("the smoke test ran")
+
+    monkeypatch.setattr(ddpboot.smoke, "run_smoke", started)
+    monkeypatch.setenv("DDPBOOT_FAKE_GPUS", "2")
+    for path in (tmp_path, tmp_path / "missing" / "r.xml"):
+        code, _, err = run_main(["smoke", "--nproc", "2", "--junit-xml", str(path)], capsys)
+        assert code == 2 and err.startswith(f"ddpboot: error: --junit-xml {path}:"), err

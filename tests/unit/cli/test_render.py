@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ddpboot.cli.render import render_dry_run, render_plan, short_uuid
+from ddpboot.cli.render import render_dry_run, render_plan
 from ddpboot.launch.spec import LaunchSpec, Target
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import parse_request
+from ddpboot.units import short_uuid
 
 
 def plan(**req: object) -> Plan:
@@ -41,3 +42,55 @@ def test_a_dry_run_shows_each_command_and_what_it_changes(
     assert "store: python server on 127.0.0.1:<a free port bound at launch>" in out
     assert "rank 1 (local rank 1): /usr/bin/python3 -u train.py --lr 0.1" in out
     assert "  RANK=1  (was '9')" in out and "  MASTER_PORT='<port bound at launch>'" in out
+
+
+def _rows(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "│" in line]
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120, 200])
+def test_the_plan_keeps_its_map_at_every_width(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    render_plan(make_plan(parse_request(nproc="2", exclude="0"), fake_inventory("8"), {}, cpu_count=8))
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "┃" in line)
+    assert [h.strip() for h in header.split("┃")][:3] == ["rank", "local", "GPU"] and "device" in header
+    rows = _rows(out)
+    assert len(rows) == 2  # one line per rank: nothing wraps
+    for rank, row in enumerate(rows):
+        cells = [c.strip() for c in row.split("│")]
+        assert cells[:3] == [str(rank), str(rank), str(rank + 1)]
+        assert f"cuda:0 = GPU {rank + 1}" in cells
+    assert all(len(line) <= columns for line in [header, *rows])
+
+
+def test_wide_adds_full_uuids_and_bus_ids(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    inventory = fake_inventory("8")
+    render_plan(make_plan(parse_request(nproc="1"), inventory, {}, cpu_count=8))
+    narrow = capsys.readouterr().out
+    render_plan(make_plan(parse_request(nproc="1"), inventory, {}, cpu_count=8), wide=True)
+    wide = capsys.readouterr().out
+    gpu = inventory.gpus[0]
+    assert gpu.uuid not in narrow and gpu.pci_bus_id not in narrow
+    assert gpu.uuid in wide and gpu.pci_bus_id in wide
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120, 200])
+def test_the_gpu_table_keeps_index_and_state_at_every_width(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ddpboot.cli.render import render_gpus
+    from ddpboot.cli.tools import gpu_states
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    inventory = fake_inventory("8")
+    render_gpus(gpu_states(inventory, parse_request(exclude="3"), {}), inventory)
+    rows = _rows(capsys.readouterr().out)
+    assert len(rows) == 8
+    for index, row in enumerate(rows):
+        cells = [c.strip() for c in row.split("│")]
+        assert cells[0] == str(index) and cells[-1] == ("excluded" if index == 3 else "free")
+        assert len(row) <= columns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,11 +10,14 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.config import (
+    REFUSED_TORCHRUN_OPTIONS,
     LaunchConfig,
     OutputConfig,
+    check_preloads,
     check_torchrun_options,
     parse_preloads,
     parse_store_backend,
+    refuse_torchrun_options,
     target_kind,
 )
 from ddpboot.launch.options import Std
@@ -120,3 +124,33 @@ def test_a_given_run_id_unless_torchruns_none() -> None:
     assert base.given_run_id is None
     assert replace(base, rdzv_id="none").given_run_id is None
     assert replace(base, rdzv_id="job7").given_run_id == "job7"
+
+
+def test_etcd_rendezvous_is_refused_not_ignored() -> None:
+    for backend in ("etcd", "etcd-v2"):
+        with pytest.raises(UsageError, match="no etcd rendezvous"):
+            check_torchrun_options(0, "spawn", "", backend)
+    check_torchrun_options(0, "spawn", "", "c10d")
+
+
+def test_refused_torchrun_options_say_what_to_use_instead() -> None:
+    refuse_torchrun_options({option: None for option in REFUSED_TORCHRUN_OPTIONS})
+    with pytest.raises(UsageError, match=r"^--numa-binding node: .*--cpu-affinity"):
+        refuse_torchrun_options({"--numa-binding": "node"})
+
+
+def test_a_preload_that_cannot_be_found_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("")
+    check_preloads(("json", "os.path", "mine"), [str(tmp_path), *sys.path])
+    with pytest.raises(UsageError, match=r"--preload json,jsno: no module 'jsno'"):
+        check_preloads(("json", "jsno"), sys.path)
+
+
+def test_a_log_dir_that_is_a_file_is_named_as_one(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(UsageError, match=r"afile is a file, not a directory"):
+        OutputConfig.parse(str(afile), None, None, None, None, True)
+    with pytest.raises(UsageError, match=r"is inside .*afile, which is a file"):
+        OutputConfig.parse(str(afile / "logs"), None, None, None, None, True)
+    assert OutputConfig.parse(str(tmp_path / "new" / "logs"), None, None, None, None, True).log_dir

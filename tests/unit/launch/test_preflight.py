@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.preflight import check_target, is_module_name
+from ddpboot.launch.preflight import RANKS_PER_CORE, check_rank_count, check_target, is_module_name
 from ddpboot.launch.spec import Target
 
 PY = sys.executable
@@ -69,3 +69,27 @@ def test_binaries(tmp_path: Path) -> None:
 def test_module_names() -> None:
     assert is_module_name("pkg.train") and is_module_name("numpy")
     assert not is_module_name("pkg-train") and not is_module_name("pkg..train") and not is_module_name("")
+
+
+def test_an_empty_script_name_is_named_as_empty(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"^the script name is empty"):
+        check("script", "", tmp_path)
+
+
+def test_rank_counts_that_cannot_work_are_refused_with_the_numbers() -> None:
+    cores = len(os.sched_getaffinity(0))
+    check_rank_count(RANKS_PER_CORE * cores, oversubscribe=False)
+    with pytest.raises(UsageError, match=rf"on {cores} usable CPU core.*--oversubscribe"):
+        check_rank_count(RANKS_PER_CORE * cores + 1, oversubscribe=False)
+    check_rank_count(RANKS_PER_CORE * cores + 1, oversubscribe=True)
+
+
+def test_the_process_and_file_limits_hold_even_oversubscribed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    limits = {resource.RLIMIT_NPROC: (500, 500), resource.RLIMIT_NOFILE: (1024, 1024)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits[which])
+    with pytest.raises(UsageError, match=r"--nproc 500: .*process limit \(ulimit -u, RLIMIT_NPROC\) is 500"):
+        check_rank_count(500, oversubscribe=True)
+    with pytest.raises(UsageError, match=r"open-file limit \(ulimit -n, RLIMIT_NOFILE\) is 1024. Ask for at most 240"):
+        check_rank_count(300, oversubscribe=True)

@@ -148,3 +148,8 @@ def test_explicit_affinity_through_the_planner() -> None:
 
 def test_assign_cores_unknown_nearness() -> None:
     assert assign_cores([(), ()], [0, 1, 2, 3]) == [(0, 1), (2, 3)]
+
+
+def test_a_backwards_range_is_named_as_such() -> None:
+    with pytest.raises(UsageError, match=r"'1-0' runs backwards. Write it low to high: 0-1"):
+        parse_cpu_list("1-0", "--cpu-affinity")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ddpboot.errors import DdpbootError, PlanError, UsageError
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.inventory import fake_inventory
-from ddpboot.selection.planner import Plan, busy_reasons, make_plan
+from ddpboot.selection.planner import GpusBusy, Plan, busy_reasons, make_plan
 from ddpboot.selection.request import parse_request
 
 GIB = 1024**3
@@ -404,3 +404,31 @@ def test_plan_json() -> None:
         (1, "cuda:0", [2, 3], 2),
     ]
     assert data["ranks"][1]["gpus"][0]["index"] == 1
+
+
+# --- first contact: what an impossible request and a stray CUDA_VISIBLE_DEVICES are told -------------------
+
+
+def test_more_ranks_than_gpus_says_how_many_fit_not_to_raise_thresholds() -> None:
+    with pytest.raises(PlanError) as refused:
+        plan(machine(8), nproc="9")
+    text = str(refused.value)
+    assert not isinstance(refused.value, GpusBusy)
+    assert "Ask for at most 8 ranks" in text and "--max-used-memory" not in text
+
+
+def test_busy_gpus_are_worth_waiting_for() -> None:
+    with pytest.raises(GpusBusy, match="raise --max-used-memory"):
+        plan(machine(2, {0: {"memory_used": 40 * GIB}}), nproc="2")
+
+
+@pytest.mark.parametrize("visible", ["9", "GPU-nonexistent", "9,0"])
+def test_a_cuda_visible_devices_naming_no_gpu_is_an_error(visible: str) -> None:
+    with pytest.raises(PlanError, match=r"names no GPU of this machine .*'' or -1 for CPU ranks on purpose"):
+        plan(machine(8), {"CUDA_VISIBLE_DEVICES": visible}, nproc="2")
+
+
+@pytest.mark.parametrize("visible", ["", "-1"])
+def test_only_empty_and_minus_one_mean_cpu_ranks(visible: str) -> None:
+    got = plan(machine(8), {"CUDA_VISIBLE_DEVICES": visible}, nproc="2")
+    assert got.backend == "gloo" and all(not r.gpus for r in got.ranks)

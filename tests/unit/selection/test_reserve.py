@@ -11,7 +11,7 @@ from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.locks import GpuLocks, Holder, acquire, prepare_lock_dir
-from ddpboot.selection.planner import Plan, make_plan
+from ddpboot.selection.planner import GpusBusy, Plan, make_plan
 from ddpboot.selection.request import Request, parse_request
 from ddpboot.selection.reserve import PlanWith, parse_wait, reserve
 
@@ -127,3 +127,12 @@ def test_losing_a_race_plans_again_around_the_winner(lockdir: Path) -> None:
     assert locks is not None and set(locks.uuids) == set(U[2:])
     locks.release()
     rival[0].release()
+
+
+def test_waiting_never_starts_for_what_the_machine_cannot_give(lockdir: Path) -> None:
+    slept: list[float] = []
+    for impossible in (parse_request(nproc="5"), parse_request(gpus="7")):  # 4 GPUs here
+        with pytest.raises(PlanError) as refused:
+            reserve(lambda: INV, plan_with(impossible), lockdir, wait=float("inf"), sleep=slept.append)
+        assert not isinstance(refused.value, GpusBusy)
+    assert not slept
