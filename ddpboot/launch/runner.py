@@ -32,7 +32,7 @@ from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import Request
 
 if TYPE_CHECKING:
-    from ddpboot.launch.faststart import Zygote
+    from ddpboot.launch.faststart import FastStartProcess
 
 
 class StoppedBeforeStart(Exception):
@@ -151,11 +151,11 @@ def _run(config: LaunchConfig) -> int:
         if nodes.source == "elastic":  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
             from ddpboot.launch.elastic import run_elastic
 
-            zygote = stack.enter_context(_fast_start(config, plan))
+            fast_start = stack.enter_context(_fast_start(config, plan))
             return run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=config.rdzv_id,
                                rdzv_backend=config.rdzv_backend, rdzv_conf=dict(config.rdzv_conf),
                                max_restarts=config.max_restarts, log_dir=str(log_dir) if log_dir else None,
-                               supervisor_kwargs={"zygote": zygote})
+                               supervisor_kwargs={"fast_start": fast_start})
         stop_if_signalled()
         listener = bind_node_store(nodes, config.store_address)
         stack.callback(listener.close)
@@ -167,9 +167,9 @@ def _run(config: LaunchConfig) -> int:
             stack.callback(shutil.rmtree, workdir, True)
         from ddpboot.launch.supervisor import Supervisor
 
-        zygote = stack.enter_context(_fast_start(config, plan))
+        fast_start = stack.enter_context(_fast_start(config, plan))
         supervisor = Supervisor(spec, plan, listener, env, workdir,
-                                temporary, before_start=_node_check(config, plan), zygote=zygote)
+                                temporary, before_start=_node_check(config, plan), fast_start=fast_start)
         return supervisor.run()
 
 
@@ -204,21 +204,21 @@ def _node_check(config: LaunchConfig, plan: Plan) -> Callable[[], None] | None:
 
 
 @contextlib.contextmanager
-def _fast_start(config: LaunchConfig, plan: Plan) -> Iterator[Zygote | None]:
+def _fast_start(config: LaunchConfig, plan: Plan) -> Iterator[FastStartProcess | None]:
     """With --fast-start, the fast-start process (importing while the launcher finishes starting), let go at the
     end; else None. It imports torch with the ranks' OMP_NUM_THREADS when they share one value (libgomp and
     OpenBLAS read it once, at import)."""
     if not config.fast_start:
         yield None
         return
-    from ddpboot.launch.faststart import Zygote
+    from ddpboot.launch.faststart import FastStartProcess
 
     env = dict(config.env)
     threads = {env.get("OMP_NUM_THREADS") or str(max(s.omp_threads, 1)) for s in plan.ranks}
     if len(threads) == 1:
         env["OMP_NUM_THREADS"] = threads.pop()
-    zygote = Zygote.start(config.python, config.target, config.cwd, env, config.preloads)
+    fast_start = FastStartProcess.start(config.python, config.target, config.cwd, env, config.preloads)
     try:
-        yield zygote
+        yield fast_start
     finally:
-        zygote.close()
+        fast_start.close()

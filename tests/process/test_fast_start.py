@@ -216,9 +216,15 @@ def test_fallbacks_and_bad_input(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "only with --fast-start" in proc.stderr, proc.stderr
     proc = run_launcher(["--fast-start", "--preload", "numpy,no-such", "--nproc", "1", launcher.BEHAVE], env)
     assert proc.returncode == 2 and "'no-such' is not a module name" in proc.stderr, proc.stderr
-    # A preload that cannot be imported: said once, and the job still runs (with exec).
+    # A preload that cannot be found: exit 2 before anything starts.
     proc = run_launcher(["--fast-start", "--preload", "ddpboot_no_such_module", "--nproc", "2", launcher.BEHAVE],
                         env)
+    assert proc.returncode == 2 and "no module 'ddpboot_no_such_module'" in proc.stderr, proc.stderr
+    assert not reports(out)
+    # A preload that is found but fails to import: said once, and the job still runs (with exec).
+    (tmp_path / "ddpboot_bad_preload.py").write_text("raise ImportError('broken on purpose')\n")
+    proc = run_launcher(["--fast-start", "--preload", "ddpboot_bad_preload", "--nproc", "2", launcher.BEHAVE],
+                        {**env, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    assert "fast start unavailable" in proc.stderr and "ddpboot_no_such_module" in proc.stderr
+    assert "fast start unavailable" in proc.stderr and "broken on purpose" in proc.stderr
     assert sorted(reports(out)) == [0, 1]

@@ -1,4 +1,6 @@
-"""Fast start, the launcher's side: start the zygote (zygote.py), ask it for one child per rank, learn their exits.
+"""Fast start, the launcher's side: start the fast-start process (`FastStartProcess`, running zygote.py), ask it for
+one child per rank, learn their exits. The process is called the zygote in the code that runs in it: like Android's
+zygote, it imports once and every rank is a fork of it.
 
 The zygote imports torch (and `--preload` modules) once per node while the launcher finishes its own start-up; each
 rank is then a fork of it instead of a fresh interpreter that imports torch again. The ranks are the zygote's
@@ -49,7 +51,7 @@ def supports(target: Target) -> bool:
 
 
 @dataclass(eq=False)
-class Zygote:
+class FastStartProcess:
     pid: int
     sock: socket.socket
     path0: str
@@ -60,7 +62,7 @@ class Zygote:
 
     @classmethod
     def start(cls, python: str, target: Target, cwd: Path, env: Mapping[str, str],
-              preload: Sequence[str] = ()) -> Zygote:
+              preload: Sequence[str] = ()) -> FastStartProcess:
         path0 = python_path0(target, cwd)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

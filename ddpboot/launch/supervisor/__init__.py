@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpboot.contract import exit_mark
-from ddpboot.launch.faststart import Zygote
+from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
@@ -59,7 +59,7 @@ class Supervisor:
         before_start: Callable[[], None] | None = None,
         watch: Callable[[], str | None] | None = None,
         watch_interval: float = 1.0,
-        zygote: Zygote | None = None,
+        fast_start: FastStartProcess | None = None,
         attempts: range | None = None,
     ) -> None:
         self.spec = spec
@@ -80,7 +80,7 @@ class Supervisor:
         self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
                              watch_interval if watch is not None else None)
         self.result: AttemptResult | None = None  # the last attempt's
-        self.zygote = zygote  # fast start: ranks forked by the zygote (ddpboot/launch/faststart/); None: exec
+        self.fast_start = fast_start  # ranks forked by the fast-start process (launch/faststart/); None: exec
         # The attempt numbers this supervisor runs (TORCHELASTIC_RESTART_COUNT, attempt_N, the summary's count):
         # 0..--max-restarts by default; an elastic round runs the one attempt its job has reached.
         self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
@@ -100,12 +100,13 @@ class Supervisor:
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
         starter = None
         try:
-            starter = choose_starter(self.zygote, self.spec.target, self.sel, self.console)
+            starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console)
             self.procs = ProcessTable(guardian, starter, self.clock)
             if self.before_start is not None:
                 self.before_start()
             code = self._attempts(self.procs, self.sigfd)
-            self._report_no_join(guardian)
+            if code == 0:  # a failure has its own report; a success that did nothing must not pass silently
+                self._report_no_join(guardian)
             return code
         finally:
             if starter is not None:

@@ -1,5 +1,5 @@
 """How a worker process is started: fork + exec (`ExecStarter`), or forked by the fast-start zygote
-(`ZygoteStarter`, ddpboot/launch/faststart/). The supervisor talks to a `Starter` and never asks which one it has.
+(`FastStartStarter`, ddpboot/launch/faststart/). The supervisor talks to a `Starter` and never asks which one it has.
 
 A rank started by exec is the launcher's child: its exit comes through waitpid. A rank forked by the zygote is the
 zygote's child: the zygote reaps it and reports its wait status over the control socket, which the loop watches.
@@ -12,7 +12,7 @@ import os
 import selectors
 from typing import Protocol
 
-from ddpboot.launch.faststart import FastStartError, Zygote
+from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import Target
@@ -62,54 +62,58 @@ class ExecStarter:
         pass
 
 
-class ZygoteStarter:
+class FastStartStarter:
     """Ranks forked by the zygote, which has imported torch once for all of them."""
 
-    def __init__(self, zygote: Zygote, target: Target, sel: selectors.BaseSelector, console: Console) -> None:
-        self.zygote = zygote
+    def __init__(
+        self, process: FastStartProcess, target: Target, sel: selectors.BaseSelector, console: Console
+    ) -> None:
+        self.process = process
         self.target = target
         self.sel = sel
         self.console = console
-        sel.register(zygote.sock, selectors.EVENT_READ, ZYGOTE_KEY)
+        sel.register(process.sock, selectors.EVENT_READ, ZYGOTE_KEY)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        return self.zygote.fork_rank(self.target, worker.slot.local_rank, worker.env, stdout, stderr,
+        return self.process.fork_rank(self.target, worker.slot.local_rank, worker.env, stdout, stderr,
                                      cpus=worker.slot.cpus)
 
     def exits(self) -> list[tuple[int, int]]:
-        exits = self.zygote.poll()
-        if self.zygote.gone:
+        exits = self.process.poll()
+        if self.process.gone:
             self.close()
         return exits
 
     def has_exits(self) -> bool:
-        return bool(self.zygote.exits)
+        return bool(self.process.exits)
 
     def child_exited(self, pid: int, status: int) -> bool:
-        if pid != self.zygote.pid:
+        if pid != self.process.pid:
             return False
         # Its ranks die with it (PR_SET_PDEATHSIG) and come to us, their subreaper, to be reaped.
-        self.zygote.gone = True
+        self.process.gone = True
         self.console.message(f"ddpboot: error: the fast-start process (pid {pid}) died: "
                              f"{describe_status(status)}; its ranks are killed with it")
         return True
 
     def close(self) -> None:
         with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(self.zygote.sock)
+            self.sel.unregister(self.process.sock)
 
 
-def choose_starter(zygote: Zygote | None, target: Target, sel: selectors.BaseSelector, console: Console) -> Starter:
+def choose_starter(
+    fast_start: FastStartProcess | None, target: Target, sel: selectors.BaseSelector, console: Console
+) -> Starter:
     """The zygote once it is ready (its imports overlapped the launcher's own start-up and the nodes' check-in);
     exec when there is none or it cannot start, and then the message says why."""
-    if zygote is None:
+    if fast_start is None:
         return ExecStarter()
     try:
-        info = zygote.wait_ready()
+        info = fast_start.wait_ready()
     except FastStartError as exc:
         console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
         return ExecStarter()
     if os.environ.get("DDPBOOT_DEBUG"):
         console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
                         f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")
-    return ZygoteStarter(zygote, target, sel, console)
+    return FastStartStarter(fast_start, target, sel, console)

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from ddpboot.launch.faststart import FastStartError, Zygote
+from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import Target
-from ddpboot.launch.supervisor.starters import ExecStarter, ZygoteStarter, choose_starter
+from ddpboot.launch.supervisor.starters import ExecStarter, FastStartStarter, choose_starter
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.planner import RankSlot
 
 TARGET = Target("script", "train.py", ("--lr", "1"))
 
 
-class FakeZygote(Zygote):
+class FakeZygote(FastStartProcess):
     """A zygote that answers from a script: what it was asked to fork, the exits it reports."""
 
     def __init__(self, sock: socket.socket, ready: bool = True) -> None:
@@ -104,7 +104,7 @@ def test_the_zygote_forks_the_rank_with_its_environment_and_cores(sock: socket.s
     sel = selectors.DefaultSelector()
     zygote = FakeZygote(sock)
     starter = choose_starter(zygote, TARGET, sel, said.console)
-    assert isinstance(starter, ZygoteStarter)
+    assert isinstance(starter, FastStartStarter)
     assert sel.get_key(sock).data == "zygote"  # the loop wakes on its reports
     assert starter.start(worker(), 11, 12) == 4321
     assert zygote.forked == [(TARGET, 1, {"RANK": "5"}, 11, 12, (2, 3))]
@@ -113,7 +113,7 @@ def test_the_zygote_forks_the_rank_with_its_environment_and_cores(sock: socket.s
 def test_the_zygotes_reports_are_the_ranks_exits(sock: socket.socket, said: Said) -> None:
     sel = selectors.DefaultSelector()
     zygote = FakeZygote(sock)
-    starter = ZygoteStarter(zygote, TARGET, sel, said.console)
+    starter = FastStartStarter(zygote, TARGET, sel, said.console)
     zygote.exits.append((4321, 256))
     assert starter.has_exits()
     zygote.reports = [(4321, 256)]
