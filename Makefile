@@ -42,8 +42,11 @@ test-unit: venv
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu
 
+# ruff (mccabe 12 included), the layers (import-linter's contracts in pyproject.toml), dead code (vulture).
 lint: venv
 	$(VENV)/bin/ruff check ddpboot tests benchmarks examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/vulture
 
 typecheck: venv
 	$(VENV)/bin/mypy
