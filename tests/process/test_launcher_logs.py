@@ -117,7 +117,8 @@ def test_progress_bars_render_live(tmp_path: Path) -> None:
     (out / "go").touch()
     code, _, rest = finish(proc)
     assert code == 0
-    text = seen + rest
+    # The job writes no key to the store, so the launcher's after-job note on rank isolation may follow.
+    text = (seen + rest).split(b"ddpboot: warning: no rank joined")[0]
     assert text.endswith(b"[rank0]: step 1/3\r[rank0]: step 2/3\r[rank0]: step 3/3\n"), repr(text)
 
 
