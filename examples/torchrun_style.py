@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -63,11 +64,14 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
 
-    # Drop the DDP model (its reducer holds the process group) before destroying the group: otherwise torch's
-    # gloo backend occasionally aborts at interpreter exit ("terminate called without an active exception").
-    del ddp_model, model, optimizer
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
+    # torch 2.13 on CPU: after a DDP job, gloo's threads outlive destroy_process_group() and can abort the process in
+    # python's own teardown ("terminate called without an active exception", exit 134; docs/guide.md). Leaving
+    # without that teardown, once everything is written, avoids it. (ddpboot.init() handles this by itself.)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

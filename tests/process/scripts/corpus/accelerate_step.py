@@ -9,7 +9,7 @@ own (DistributedType.NO, each one "process 0 of 1") under torchrun and ddpboot a
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from corpus_results import checksum, write_result
+from corpus_results import checksum, leave, write_result
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -41,3 +41,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

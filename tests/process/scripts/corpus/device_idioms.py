@@ -14,7 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from corpus_results import checksum, write_result
+from corpus_results import checksum, leave, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -92,3 +92,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

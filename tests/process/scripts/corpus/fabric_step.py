@@ -7,7 +7,7 @@ import os
 import psutil
 import torch
 import torch.distributed as dist
-from corpus_results import checksum, write_result
+from corpus_results import checksum, leave, write_result
 from lightning_fabric import Fabric
 from torch import nn
 
@@ -36,3 +36,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -8,7 +8,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from corpus_results import checksum, write_result
+from corpus_results import checksum, leave, write_result
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -52,3 +52,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -37,3 +37,8 @@ if __name__ == "__main__":
     # there (torch 2.13 CPU: "terminate called without an active exception").
     dist.barrier()
     dist.destroy_process_group()
+
+    # After a DDP job torch 2.13's gloo can abort in python's teardown (exit 134, docs/guide.md); skip the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
