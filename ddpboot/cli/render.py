@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpboot.cli.output import console, escape
 from ddpboot.selection.affinity import format_cpu_list
+from ddpboot.selection.locks import Holder
 from ddpboot.units import format_size, plural, short_uuid
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def gpu_state(rec: dict[str, Any]) -> str:
         return "MIG mode"
     if rec["locked"]:
         h = rec["locked_by"]
-        return f"[magenta]locked[/] by {escape(str(h['user']))} (pid {h['pid']}: {escape(str(h['command']))})"
+        return f"[magenta]locked[/] by {escape(Holder(**h).describe())}"
     if not rec["visible"]:
         return "[dim]not visible[/]"
     if rec["excluded"]:

@@ -30,6 +30,7 @@ from ddpboot.cli.run_options import (
     LocalAddrOption,
     LocalRanksFilterOption,
     LogDirOption,
+    LogModeOption,
     LogsSpecsOption,
     MasterAddrOption,
     MasterPortOption,
@@ -54,6 +55,7 @@ from ddpboot.cli.run_options import (
     SignalsToHandleOption,
     StandaloneOption,
     StartMethodOption,
+    StoreAllowOption,
     StoreOption,
     TeeOption,
     VersionOption,
@@ -80,6 +82,7 @@ from ddpboot.launch.preflight import check_rank_count, check_target
 from ddpboot.launch.spec import Target
 from ddpboot.nodes.check import join_timeout
 from ddpboot.nodes.launcher import NodeOptions, launcher_nodes, store_address
+from ddpboot.nodes.store_allow import parse_store_allow
 from ddpboot.selection.reserve import parse_wait
 
 run_app = typer.Typer(
@@ -118,6 +121,7 @@ def run(
     standalone: StandaloneOption = False,
     local_addr: LocalAddrOption = None,
     store: StoreOption = "python",
+    store_allow: StoreAllowOption = None,
     max_restarts: MaxRestartsOption = 0,
     shutdown_timeout: ShutdownTimeoutOption = None,
     monitor_interval: MonitorIntervalOption = 0.1,
@@ -126,6 +130,7 @@ def run(
     role: RoleOption = "default",
     wait_for_gpus: WaitForGpusOption = None,
     log_dir: LogDirOption = None,
+    log_mode: LogModeOption = "private",
     redirects: RedirectsOption = None,
     tee: TeeOption = None,
     local_ranks_filter: LocalRanksFilterOption = None,
@@ -166,9 +171,11 @@ def run(
                                    rdzv_backend, standalone, local_addr)
         nodes = launcher_nodes(node_options, env, max_restarts, ranks_filter)
         store_addr = store_address(nodes, node_options)
+        allow = parse_store_allow(store_allow, nodes, backend)
         conf = parse_rdzv_conf(rdzv_conf)
         join = join_timeout(conf)
-        output = OutputConfig.parse(log_dir, redirects, tee, local_ranks_filter, ranks_filter, not no_prefix)
+        output = OutputConfig.parse(log_dir, redirects, tee, local_ranks_filter, ranks_filter, not no_prefix,
+                                    log_mode)
         python = env.get("PYTHON_EXEC") or sys.executable
         target = check_target(Target(kind, script, tuple(args or ())), python, env, cwd)
         preloads = parse_preloads(preload, fast_start)
@@ -182,7 +189,7 @@ def run(
             check_rank_count(request.nproc, oversubscribe)
         config = LaunchConfig(
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=store_addr,
-            request=request, store=backend, signals=signals, shutdown_timeout=shutdown,
+            request=request, store=backend, store_allow=allow, signals=signals, shutdown_timeout=shutdown,
             monitor_interval=monitor, max_restarts=max_restarts, role=role, rdzv_id=rdzv_id,
             rdzv_backend=rdzv_backend, rdzv_conf=conf, join_timeout=join, output=output, fast_start=forks,
             preloads=preloads, wait_for_gpus=wait, dry_run=dry_run,

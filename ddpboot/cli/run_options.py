@@ -144,6 +144,14 @@ StoreOption = Annotated[
                  "process, for a torch whose store protocol ddpboot does not know yet)."),
 ]
 
+StoreAllowOption = Annotated[
+    str | None,
+    typer.Option("--store-allow", envvar="DDPBOOT_STORE_ALLOW", rich_help_panel=_STORE,
+                 help="Serve the store only to these hosts: HOST[,HOST...] as addresses, networks (10.0.0.0/8) or "
+                 "names. Under SLURM node 0 already serves only the job's nodes; this adds to them. ddpboot's "
+                 "store only: refused with --store torch and elastic jobs (docs/security.md)."),
+]
+
 MaxRestartsOption = Annotated[
     int,
     typer.Option("--max-restarts", "--max_restarts", envvar="PET_MAX_RESTARTS", rich_help_panel=_SUP,
@@ -201,6 +209,13 @@ LogDirOption = Annotated[
     typer.Option("--log-dir", "--log_dir", envvar="PET_LOG_DIR", rich_help_panel=_OUT,
                  help="Write each rank's output to DIR/RUN_ID/attempt_N/rankG.log (both streams, unprefixed) "
                  "and its @record traceback to rankG.error.json. Without it nothing is written anywhere."),
+]
+
+LogModeOption = Annotated[
+    str,
+    typer.Option("--log-mode", envvar="DDPBOOT_LOG_MODE", rich_help_panel=_OUT,
+                 help="Who may read the run's log directory DIR/RUN_ID: `private` (you only: directories 0700, "
+                 "files 0600; the default) or `shared` (as your umask allows). DIR itself keeps its mode."),
 ]
 
 RedirectsOption = Annotated[

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.logs import LogMode, parse_log_mode
 from ddpboot.launch.options import (
     Std,
     StdSpec,
@@ -29,6 +30,7 @@ from ddpboot.nodes.launcher import StoreAddress
 from ddpboot.nodes.static import NodeSetup
 from ddpboot.selection.planner import Plan
 from ddpboot.selection.request import Request
+from ddpboot.tcpstore.allow import AllowList
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
@@ -151,6 +153,7 @@ class OutputConfig:
     local_ranks: frozenset[int] | None = None  # --local-ranks-filter; None: every local rank is shown
     global_ranks: frozenset[int] | None = None  # --ranks-filter
     prefix: bool = True
+    log_mode: LogMode = LogMode.PRIVATE  # --log-mode: who may read the run directory and its files
 
     @classmethod
     def parse(
@@ -161,6 +164,7 @@ class OutputConfig:
         local_ranks_filter: str | None,
         ranks_filter: str | None,
         prefix: bool,
+        log_mode: str = LogMode.PRIVATE.value,
     ) -> OutputConfig:
         """From the options as typed; the rank filters are checked against the plan later, in `routing`."""
         red = parse_std(redirects, "--redirects") if redirects is not None else None
@@ -175,6 +179,7 @@ class OutputConfig:
             check_log_dir(Path(log_dir))
         return cls(
             log_dir=Path(log_dir) if log_dir else None,
+            log_mode=parse_log_mode(log_mode),
             redirects=red,
             tee=teed,
             local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
@@ -223,6 +228,7 @@ class LaunchConfig:
     store_address: StoreAddress
     request: Request
     store: StoreBackend = "python"
+    store_allow: AllowList | None = None  # --store-allow: the addresses the store serves (None: all, or SLURM's)
     signals: tuple[signal.Signals, ...] = ()
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     monitor_interval: float = 0.1

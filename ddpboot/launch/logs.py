@@ -8,11 +8,19 @@ Other text without a terminator waits for one (or for the end of the stream) so 
 
 Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
 are written unbuffered, so what a worker printed before dying is on disk even if the launcher is killed next.
+
+Who may read them (LogMode, `--log-mode`): by default only the job's owner. On a machine several people log into,
+a rank's output, its @record traceback and its exit mark can show data paths, hyperparameters or secrets. The run
+directory (--log-dir BASE/RUN_ID) and every attempt_N directory are made 0700 and the launcher's log files 0600;
+the files the ranks themselves write there (TORCHELASTIC_ERROR_FILE through torch's @record, and the exit mark
+beside it) get the ranks' umask, and the 0700 directories above them are what keeps other users out. BASE itself
+keeps its mode: it may be a directory the user shares on purpose (a team's log directory).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import json
 import os
@@ -78,12 +86,43 @@ class Console:
         self._raw(self.fds[stream], text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
 
 
+class LogMode(enum.Enum):
+    """Who may read a run's directories and log files (`--log-mode`); see the module docstring."""
+
+    PRIVATE = "private"  # directories 0700, files 0600: the job's owner only
+    SHARED = "shared"  # what the umask allows (0755 and 0644 under the usual umask 022)
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o700 if self is LogMode.PRIVATE else 0o777
+
+    @property
+    def file_mode(self) -> int:
+        return 0o600 if self is LogMode.PRIVATE else 0o644
+
+    def make_dir(self, path: Path, exist_ok: bool = False) -> None:
+        """Create `path` with this mode (its parents as the umask allows; FileExistsError unless `exist_ok`)."""
+        path.mkdir(mode=self.dir_mode, parents=True, exist_ok=exist_ok)
+        if self is LogMode.PRIVATE:
+            os.chmod(path, self.dir_mode)  # exactly 0700, whatever the umask left
+
+
+def parse_log_mode(text: str) -> LogMode:
+    try:
+        return LogMode(text.strip().lower())
+    except ValueError:
+        raise UsageError(
+            f"--log-mode {text!r}: choose private (the run's logs readable by you only, the default) or shared "
+            "(readable as your umask allows)."
+        ) from None
+
+
 class LogFile:
     """One rank's file for one attempt: both streams, unbuffered."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, mode: LogMode = LogMode.PRIVATE) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode.file_mode)
 
     def write(self, data: bytes) -> None:
         if self.fd >= 0:
@@ -206,14 +245,15 @@ def read_error_file(path: str | Path) -> str | None:
     return None
 
 
-def run_dir(base: Path, run_id: str) -> Path:
-    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten."""
+def run_dir(base: Path, run_id: str, mode: LogMode = LogMode.PRIVATE) -> Path:
+    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten. BASE keeps the
+    mode it has (or gets the umask's when created); RUN_ID gets `mode`'s."""
     try:
         base.mkdir(parents=True, exist_ok=True)
         for n in range(10000):
             path = base / (run_id if n == 0 else f"{run_id}.{n}")
             try:
-                path.mkdir()
+                mode.make_dir(path)
                 return path
             except FileExistsError:
                 continue

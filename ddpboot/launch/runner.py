@@ -26,6 +26,7 @@ from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.nodes.launcher import bind_node_store, new_run_id
 from ddpboot.nodes.static import NodeSetup, cluster_info
+from ddpboot.nodes.store_allow import store_allow_list
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import GpuLocks, current_holders, lock_dir
 from ddpboot.selection.planner import Plan, make_plan
@@ -155,21 +156,25 @@ def _run(config: LaunchConfig) -> int:
             return run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=config.rdzv_id,
                                rdzv_backend=config.rdzv_backend, rdzv_conf=dict(config.rdzv_conf),
                                max_restarts=config.max_restarts, log_dir=str(log_dir) if log_dir else None,
-                               supervisor_kwargs={"fast_start": fast_start})
+                               supervisor_kwargs={"fast_start": fast_start, "log_mode": config.output.log_mode})
         stop_if_signalled()
         listener = bind_node_store(nodes, config.store_address)
         stack.callback(listener.close)
+        allow, allow_notes = store_allow_list(nodes, env, config.store_allow, config.store)
+        for note in allow_notes:
+            say(f"note: {note}")
         if log_dir is not None:
-            workdir, temporary = run_dir(log_dir, spec.run_id), False
+            workdir, temporary = run_dir(log_dir, spec.run_id, config.output.log_mode), False
             say(f"logs in {workdir}")
-        else:
+        else:  # mkdtemp makes it 0700 whatever --log-mode says: it holds the error files and exit marks only
             workdir, temporary = Path(tempfile.mkdtemp(prefix="ddpboot-")), True
             stack.callback(shutil.rmtree, workdir, True)
         from ddpboot.launch.supervisor import Supervisor
 
         fast_start = stack.enter_context(_fast_start(config, plan))
-        supervisor = Supervisor(spec, plan, listener, env, workdir,
-                                temporary, before_start=_node_check(config, plan), fast_start=fast_start)
+        supervisor = Supervisor(spec, plan, listener, env, workdir, temporary,
+                                before_start=_node_check(config, plan), fast_start=fast_start,
+                                log_mode=config.output.log_mode, store_allow=allow)
         return supervisor.run()
 
 

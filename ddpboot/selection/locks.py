@@ -6,6 +6,11 @@ Descriptors are close-on-exec and never passed to workers, so no worker holds a 
 The lock directory is shared by every user of the machine (default /tmp/ddpboot-locks, created 1777 like /tmp;
 DDPBOOT_LOCK_DIR overrides). It is refused when it is a symlink, not writable, or owned by another user unless it
 is a sticky world-writable directory (where nobody can remove another's lock file).
+
+A lock file records its holder's user, pid, start time and host, readable by every user of the machine (that is
+what `ddpboot gpus` shows them). It records nothing of the holder's command line: argv can carry secrets (tokens,
+passwords) that other users must not read. Lock files written by older versions may hold a `command` field; it is
+ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import json
 import os
 import socket
 import stat
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,17 +48,20 @@ class GpusLockedError(DdpbootError):
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a GPU: written into the lock file by the holder."""
+    """Who holds a GPU: written into the lock file by the holder (no command line: see the module docstring)."""
 
     user: str = "?"
     pid: int = 0
-    command: str = "?"
     since: float = 0.0
     host: str = ""
 
+    @property
+    def started(self) -> str:
+        """The holder's start time, local and to the second (`?` when unknown)."""
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "?"
+
     def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "?"
-        return f"{self.user} (pid {self.pid}, `{self.command}`, since {when})"
+        return f"{self.user} (pid {self.pid}, since {self.started})"
 
 
 def lock_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -134,10 +141,9 @@ def _open(path: Path) -> int:
 def _read_holder(path: Path) -> Holder:
     try:
         data = json.loads(path.read_text() or "{}")
-        return Holder(
+        return Holder(  # an older file's "command" field is not read
             str(data.get("user", "?")),
             int(data.get("pid", 0)),
-            str(data.get("command", "?")),
             float(data.get("since", 0.0)),
             str(data.get("host", "")),
         )
@@ -145,10 +151,9 @@ def _read_holder(path: Path) -> Holder:
         return Holder()
 
 
-def me(command: Iterable[str] | None = None) -> Holder:
-    argv = list(sys.argv if command is None else command)
-    text = " ".join(Path(argv[0]).name if i == 0 else a for i, a in enumerate(argv)) if argv else "?"
-    return Holder(getpass.getuser(), os.getpid(), text[:200], time.time(), socket.gethostname())
+def me() -> Holder:
+    """This process as a holder."""
+    return Holder(getpass.getuser(), os.getpid(), time.time(), socket.gethostname())
 
 
 class GpuLocks:

@@ -4,7 +4,8 @@ Loopback is shared by every user of a machine, so without a check any local proc
 read their count or hold its ranks in a WAIT. A connection from a loopback address (127.0.0.0/8, ::1, or
 ::ffff:127.x) is let in only when the kernel's socket tables (peer.py) say that its client socket belongs to an
 allowed uid; anything else, including a client whose socket is already gone, is closed before the server reads a
-byte. Connections from other addresses (the other nodes of a multi-node job) are not judged here.
+byte. Connections from other addresses (the other nodes of a multi-node job) are not judged here: allow.py
+checks them against the job's hosts where those are known.
 
 Where the kernel's tables cannot be read at all (a sandbox without sock_diag netlink and without /proc/net), no
 connection's owner can be known; refusing them all would make every job hang at its rendezvous, so the store then
@@ -16,7 +17,6 @@ docs/security.md describes the guarantee and its measured cost.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import os
 import pwd
 import socket
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpboot.tcpstore.allow import plain_address
 from ddpboot.tcpstore.peer import Endpoint, SocketEntry, SocketTables, TablesUnavailable
 
 ROOT = 0
@@ -46,13 +47,8 @@ def resolve_allowed_uids(choice: frozenset[int] | Allow | None) -> frozenset[int
 
 def is_loopback_peer(address: str) -> bool:
     """127.0.0.0/8, ::1, and IPv4-mapped loopback (a dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1)."""
-    try:
-        parsed = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False
-    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
-        parsed = parsed.ipv4_mapped
-    return parsed.is_loopback
+    parsed = plain_address(address)
+    return parsed is not None and parsed.is_loopback
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ only ever appends codes) closes that client's connection with a message naming `
 on the same socket) as the way out.
 
 Only the job's owner and root may use the store: a loopback connection of any other uid is closed as it is
-accepted, before a byte of it is read (owner.py; docs/security.md).
+accepted, before a byte of it is read (owner.py; docs/security.md). With an allow-list (the job's hosts under SLURM,
+or --store-allow), a connection from an address outside it is closed the same way (allow.py).
 
 The server listens on a socket the launcher bound itself (loopback, no port race) and lives in the guardian
 process (launch/procs/guardian.py), so it serves every restart of the group; `reset()` empties it between attempts,
@@ -28,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from ddpboot.tcpstore.allow import AddressGate, AllowList
 from ddpboot.tcpstore.commands import Connection, KeyValues
 from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
 from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader
@@ -44,6 +46,7 @@ class StoreServer:
 
     `allowed_uids`: the uids whose loopback connections are served; by default the server process's own uid and
     root (0). None turns the check off (only for tests of a store open to every local user).
+    `allowed_hosts`: the addresses whose connections are served (allow.py); None: every address.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class StoreServer:
         warn: Callable[[str], None] | None = None,
         *,
         allowed_uids: frozenset[int] | Allow | None = Allow.OWNER_AND_ROOT,
+        allowed_hosts: AllowList | None = None,
     ) -> None:
         self.listener = listener
         self.listener.setblocking(False)
@@ -62,6 +66,7 @@ class StoreServer:
         self._warned: set[str] = set()
         allowed = resolve_allowed_uids(allowed_uids)
         self.gate = OwnerGate(allowed, self.warn) if allowed is not None else None
+        self.hosts = AddressGate(allowed_hosts, self.warn) if allowed_hosts is not None else None
         # DDPBOOT_STORE_TRACE=FILE: one line per request (type and first bytes), to diagnose a client that hangs.
         trace = os.environ.get(TRACE_VAR)
         self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
@@ -121,13 +126,19 @@ class StoreServer:
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
                 self._warn_once("accept", f"cannot accept a connection: {exc}")
                 return
-            if self.gate is not None and not self.gate.admit(sock):
+            if not self._admit(sock):
                 sock.close()  # unread: the client gets no answer
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.clients[sock.fileno()] = Connection(sock)
             self.sel.register(sock, selectors.EVENT_READ, self)
+
+    def _admit(self, sock: socket.socket) -> bool:
+        """The address rule first (a refused host is not looked up in the socket tables), then the uid rule."""
+        if self.hosts is not None and not self.hosts.admit(sock):
+            return False
+        return self.gate is None or self.gate.admit(sock)
 
     def _drop(self, client: Connection) -> None:
         self.store.unpark(client)

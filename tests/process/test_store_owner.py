@@ -1,6 +1,6 @@
 """Only the job's owner reaches its store: a real `ddpboot --nproc 2 --cpu` job, a client of another uid (65534,
-as root only) refused before any answer and reported once, and a client of the job's own uid served
-(docs/security.md)."""
+as root only) refused before any answer and reported once, and a client of the job's own uid served; a two-node
+job with `--store-allow` refuses a client whose address is outside the list (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddpboot.tcpstore.client import StoreClient
-from tests.support import SCRIPTS, finish, launch_env, reports, start_launcher, wait_for
+from tests.support import SCRIPTS, finish, free_port, launch_env, reports, start_launcher, wait_for
 
 JOB = str(SCRIPTS / "store_owner_job.py")
 NOBODY = 65534
@@ -33,9 +33,11 @@ _SET_HIT_AND_RUN = struct.pack("=B", 1) + _vec(b"hit-and-run") + _vec(b"x")
 _GETNUMKEYS = struct.pack("=B", 7)
 
 
-def _talk(port: int) -> str:
-    """Connect, send requests, and say what came back: `closed` (end of stream or reset) or the answer's bytes."""
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+def _talk(port: int, source: str | None = None) -> str:
+    """Connect (from address `source` when given), send requests, and say what came back: `closed` (end of stream
+    or reset) or the answer's bytes."""
+    bind = (source, 0) if source else None
+    with socket.create_connection(("127.0.0.1", port), timeout=20, source_address=bind) as sock:
         try:
             sock.sendall(_VALIDATE + _SET_INTRUDER + _GETNUMKEYS)
             answer = sock.recv(64)
@@ -127,3 +129,31 @@ def test_the_owners_own_connection_is_served(tmp_path: Path) -> None:
     assert "refused" not in err, err[-3000:]
     assert json.loads((tmp_path / "out" / "keys.json").read_text()) == {"visitor": True}
     assert {r["uid"] for r in ranks.values()} == {os.getuid()}
+
+
+def test_an_address_outside_the_allow_list_is_closed_before_any_answer(tmp_path: Path) -> None:
+    """Two node launchers on this machine (node 1's rank connects from 127.0.0.1, which is this machine and goes
+    through the uid rule); 127.0.0.2 stands for a host outside `--store-allow`: loopback addresses other than
+    127.0.0.1 are judged by the list like any other (ddpboot/tcpstore/allow.py)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    go = tmp_path / "go"
+    env = launch_env(out, tmp_path, STORE_OWNER_GO=str(go), STORE_OWNER_KEYS="intruder")
+    port = free_port()
+    procs = [start_launcher(["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), "--nproc", "1", "--cpu", "--store-allow", "127.0.0.3",
+                             JOB], env) for rank in (0, 1)]
+    try:
+        wait_for(lambda: len(reports(out)) == 2 or None, 180, "both ranks to report")
+        outcomes = [_talk(port, "127.0.0.2") for _ in range(2)]
+        served = _talk(port)
+    finally:
+        go.touch()
+        (rc0, _, err0), (rc1, _, err1) = (finish(p) for p in procs)
+    assert outcomes == ["closed", "closed"], outcomes
+    assert served.startswith("answered"), served  # 127.0.0.1, the job owner's uid
+    assert (rc0, rc1) == (0, 0), err0[-3000:] + err1[-3000:]
+    assert json.loads((out / "keys.json").read_text()) == {"intruder": True}  # only the served client's SET
+    refusals = [line for line in err0.splitlines() if "refused a connection" in line]
+    assert refusals == ["ddpboot: store: refused a connection from 127.0.0.2: only the job's hosts (--store-allow "
+                        "127.0.0.3) may use its store"], err0[-3000:]

@@ -29,10 +29,12 @@ import signal
 import socket
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddpboot.launch.spec import StoreBackend
+from ddpboot.tcpstore.allow import AllowList
 from ddpboot.tcpstore.server import StoreServer
 
 PR_SET_NAME = 15
@@ -88,8 +90,11 @@ class Guardian:
         self.ctl.close()
 
 
-def start_guardian(listener: socket.socket, backend: StoreBackend, tempdir: Path | None) -> Guardian:
-    """Fork the guardian; it serves the store on `listener` (which the launcher may then close)."""
+def start_guardian(
+    listener: socket.socket, backend: StoreBackend, tempdir: Path | None, allowed_hosts: AllowList | None = None
+) -> Guardian:
+    """Fork the guardian; it serves the store on `listener` (which the launcher may then close), to connections
+    from `allowed_hosts` only when given (ddpboot's store only: the caller refuses it with torch's)."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -98,13 +103,21 @@ def start_guardian(listener: socket.socket, backend: StoreBackend, tempdir: Path
         code = 1
         try:
             mine.close()
-            code = _main(theirs, listener, backend, tempdir)
+            code = _main(theirs, listener, StoreChoice(backend, allowed_hosts), tempdir)
         except BaseException:
             traceback.print_exc()
         finally:
             os._exit(code)
     theirs.close()
     return Guardian(pid, mine)
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """Which server the guardian runs, and for ddpboot's the addresses it serves (None: every address)."""
+
+    backend: StoreBackend
+    allowed_hosts: AllowList | None = None
 
 
 class _TorchStore:
@@ -134,11 +147,11 @@ class _TorchStore:
 class _Stores:
     """The store the guardian serves: ddpboot's Python server on the guardian's selector, or torch's own."""
 
-    def __init__(self, listener: socket.socket, backend: StoreBackend, sel: selectors.BaseSelector) -> None:
+    def __init__(self, listener: socket.socket, choice: StoreChoice, sel: selectors.BaseSelector) -> None:
         self.python: StoreServer | None = None
         self.torch: _TorchStore | None = None
-        if backend == "python":
-            self.python = StoreServer(listener)
+        if choice.backend == "python":
+            self.python = StoreServer(listener, allowed_hosts=choice.allowed_hosts)
             self.python.register(sel)
         else:
             self.torch = _TorchStore(listener)
@@ -207,7 +220,7 @@ class _Control:
             self.done = True
 
 
-def _main(ctl: socket.socket, listener: socket.socket, backend: StoreBackend, tempdir: Path | None) -> int:
+def _main(ctl: socket.socket, listener: socket.socket, choice: StoreChoice, tempdir: Path | None) -> int:
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -215,7 +228,7 @@ def _main(ctl: socket.socket, listener: socket.socket, backend: StoreBackend, te
         ctypes.CDLL(None).prctl(PR_SET_NAME, b"ddpboot-guard", 0, 0, 0)
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
-    control = _Control(ctl, _Stores(listener, backend, sel), tempdir)
+    control = _Control(ctl, _Stores(listener, choice, sel), tempdir)
     while not control.done:
         for key, events in sel.select():
             if key.data is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ddpboot.contract import exit_mark
 from ddpboot.launch.faststart import FastStartProcess
-from ddpboot.launch.logs import Console
+from ddpboot.launch.logs import Console, LogMode
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
@@ -33,6 +33,7 @@ from ddpboot.launch.supervisor.report import failure_summary, no_join_report, ra
 from ddpboot.launch.supervisor.starters import choose_starter
 from ddpboot.launch.supervisor.workers import AttemptResult, AttemptSetup, Worker, describe_status, make_workers
 from ddpboot.selection.planner import Plan
+from ddpboot.tcpstore.allow import AllowList
 
 __all__ = ["AttemptResult", "Supervisor"]
 
@@ -61,6 +62,8 @@ class Supervisor:
         watch_interval: float = 1.0,
         fast_start: FastStartProcess | None = None,
         attempts: range | None = None,
+        log_mode: LogMode = LogMode.PRIVATE,
+        store_allow: AllowList | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -72,7 +75,8 @@ class Supervisor:
         # MASTER_PORT: the port we serve on, or node 0's (multi-node, node rank > 0: our listener only serves the
         # guardian's unused local store).
         self.setup = AttemptSetup(spec, plan, dict(base_env), spec.master_port or int(listener.getsockname()[1]),
-                                  self.console, with_files=not temporary)
+                                  self.console, with_files=not temporary, log_mode=log_mode)
+        self.store_allow = store_allow  # the addresses the store serves (None: every address; tcpstore/allow.py)
         self.before_start = before_start  # e.g. the nodes' check-in (ddpboot/nodes/check.py), once the store is up
         # Called every watch_interval seconds while workers run; a non-None reason stops the attempt (SIGTERM, then
         # SIGKILL after the shutdown timeout) and is recorded in the result (elastic membership changes).
@@ -94,7 +98,8 @@ class Supervisor:
     def run(self) -> int:
         _wait_for_threads()
         become_subreaper()
-        guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None)
+        guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None,
+                                  self.store_allow)
         self.listener.close()  # the guardian serves it now
         self.sigfd = SignalFd([*self.spec.signals, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
@@ -175,7 +180,7 @@ class Supervisor:
 
     def _attempt(self, procs: ProcessTable, sigfd: SignalFd, attempt: int) -> AttemptResult:
         attempt_dir = self.workdir / f"attempt_{attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        self.setup.log_mode.make_dir(attempt_dir, exist_ok=True)
         workers = make_workers(self.setup, attempt, attempt_dir)
         procs.workers = workers
         pipes = procs.start(self.sel)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
-from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.selection.planner import Plan, RankSlot
@@ -82,6 +82,7 @@ class AttemptSetup:
     port: int  # MASTER_PORT
     console: Console
     with_files: bool  # per-rank log files (False: a temporary directory holds only the error files)
+    log_mode: LogMode = LogMode.PRIVATE  # who may read the attempt directories and log files
 
 
 def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[Worker]:
@@ -103,7 +104,7 @@ def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_d
     error_file = attempt_dir / f"rank{slot.rank}.error.json"
     log = None
     if setup.with_files and (routing.to_file(slot.local_rank, Std.OUT) or routing.to_file(slot.local_rank, Std.ERR)):
-        log = LogFile(attempt_dir / f"rank{slot.rank}.log")
+        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.log_mode)
 
     def stream(which: Std) -> RankStream:
         return RankStream(

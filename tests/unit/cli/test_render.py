@@ -94,3 +94,10 @@ def test_the_gpu_table_keeps_index_and_state_at_every_width(
         cells = [c.strip() for c in row.split("│")]
         assert cells[0] == str(index) and cells[-1] == ("excluded" if index == 3 else "free")
         assert len(row) <= columns
+
+
+def test_a_locked_gpu_names_its_holder_without_a_command_line() -> None:
+    from ddpboot.cli.render import gpu_state
+
+    holder = {"user": "alice", "pid": 42, "since": 0.0, "host": "box"}
+    assert gpu_state({"locked": True, "locked_by": holder}) == "[magenta]locked[/] by alice (pid 42, since ?)"

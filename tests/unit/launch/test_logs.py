@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file, run_dir
+from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream, parse_log_mode, read_error_file, run_dir
 from ddpboot.launch.options import Std
 
 
@@ -117,3 +118,37 @@ def test_an_unwritable_log_dir_is_a_usage_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(UsageError, match="cannot create it"):
         run_dir(blocker / "logs", "job")
+
+
+def test_a_private_run_dir_is_the_owners_only_and_its_base_keeps_its_mode(tmp_path: Path) -> None:
+    base = tmp_path / "team-logs"
+    base.mkdir(mode=0o775)
+    os.chmod(base, 0o775)
+    path = run_dir(base, "job")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert stat.S_IMODE(base.stat().st_mode) == 0o775
+    attempt = path / "attempt_0"
+    LogMode.PRIVATE.make_dir(attempt, exist_ok=True)
+    LogMode.PRIVATE.make_dir(attempt, exist_ok=True)  # the next attempt of an elastic round may find it
+    assert stat.S_IMODE(attempt.stat().st_mode) == 0o700
+    log = LogFile(attempt / "rank0.log")
+    log.close()
+    assert stat.S_IMODE((attempt / "rank0.log").stat().st_mode) == 0o600
+
+
+def test_a_shared_run_dir_follows_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = run_dir(tmp_path / "logs", "job", LogMode.SHARED)
+        log = LogFile(path / "rank0.log", LogMode.SHARED)
+        log.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert stat.S_IMODE((path / "rank0.log").stat().st_mode) == 0o644
+
+
+def test_log_modes_are_parsed_by_name() -> None:
+    assert parse_log_mode(" Shared ") is LogMode.SHARED and parse_log_mode("private") is LogMode.PRIVATE
+    with pytest.raises(UsageError, match="--log-mode 'public': choose private"):
+        parse_log_mode("public")

@@ -45,7 +45,7 @@ def test_automatic_choice_skips_locked_gpus(lockdir: Path) -> None:
 
 
 def test_explicit_gpu_that_is_locked_names_the_holder_unless_shared(lockdir: Path) -> None:
-    held = acquire([U[2]], lockdir, Holder("bob", 77, "ddpboot big.py", 1.0))
+    held = acquire([U[2]], lockdir, Holder("bob", 77, 1.0))
     with pytest.raises(PlanError, match=r"GPU 2 is locked by another ddpboot job: bob \(pid 77"):
         reserve(lambda: INV, plan_with(parse_request(gpus="2")), lockdir)
     plan, locks = reserve(lambda: INV, plan_with(parse_request(gpus="2,3", share=True)), lockdir, share=True)

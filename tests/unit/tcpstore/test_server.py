@@ -1,6 +1,6 @@
 """The store server's owner check (ddpboot.tcpstore.server with owner.py), driven step by step over real sockets:
 a refused client gets no answer and changes nothing, a client gone before its accept is refused, and other
-addresses than loopback are served as before."""
+addresses than loopback are served as before; with an allow-list, an address outside it gets no answer."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from ddpboot.tcpstore.allow import parse_allow_list
 from ddpboot.tcpstore.peer import SocketTables
 from ddpboot.tcpstore.server import StoreServer
 
@@ -157,3 +158,34 @@ def test_other_addresses_are_not_judged_by_uid(served: Callable[..., Served]) ->
         client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
         assert _outcome(client, store) == struct.pack("=q", 1)
     assert store.warnings == []
+
+
+def _from(source: str, store: Served) -> socket.socket:
+    return socket.create_connection(store.address, source_address=(source, 0))
+
+
+def test_an_address_outside_the_allow_list_gets_no_answer(served: Callable[..., Served]) -> None:
+    store = served(allowed_hosts=parse_allow_list("127.0.0.3,10.0.0.0/8"))
+    for _ in range(2):
+        with _from("127.0.0.2", store) as client:
+            client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+            assert _outcome(client, store) is None
+    assert store.server.data == {}
+    assert store.warnings == [
+        "refused a connection from 127.0.0.2: only the job's hosts (--store-allow 127.0.0.3,10.0.0.0/8) may use its "
+        "store"
+    ]
+    with _from("127.0.0.3", store) as client:  # in the list, then judged by uid as every loopback client
+        client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+        assert _outcome(client, store) == struct.pack("=q", 1)
+    with socket.create_connection(store.address) as client:  # 127.0.0.1: this machine, always let through
+        client.sendall(VALIDATE + GETNUMKEYS)
+        assert _outcome(client, store) == struct.pack("=q", 1)
+
+
+def test_a_listed_loopback_address_still_needs_the_owners_uid(served: Callable[..., Served]) -> None:
+    store = served(allowed_uids=OTHER_UID, allowed_hosts=parse_allow_list("127.0.0.0/8"))
+    with _from("127.0.0.2", store) as client:
+        client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
+        assert _outcome(client, store) is None
+    assert store.warnings[0].startswith(f"refused a connection from uid {os.getuid()} ")
