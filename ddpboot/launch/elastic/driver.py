@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ddpboot.errors import UsageError
 from ddpboot.launch.elastic.client import AgentError, RdzvAgent, Stopped, signal_reader
 from ddpboot.launch.elastic.rounds import Round, round_plan
-from ddpboot.launch.logs import Console, run_dir
+from ddpboot.launch.logs import Console, LogMode, run_dir
 from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
@@ -243,7 +243,8 @@ class ElasticDriver:
     def _workdir(self, rnd: Round, count: int) -> tuple[Path, bool]:
         """The round's directory under the job's logs, or a temporary one (True) without --log-dir."""
         if self.log_dir and self.base is None:  # DIR/RUN_ID (made unique), created when the first round starts
-            self.base = run_dir(Path(self.log_dir), self.run_id)
+            mode = self.supervisor_kwargs.get("log_mode", LogMode.PRIVATE)
+            self.base = run_dir(Path(self.log_dir), self.run_id, mode)
             self.say(f"logs in {self.base}")
         if self.base is None:
             return Path(tempfile.mkdtemp(prefix="ddpboot-")), True
