@@ -5,7 +5,7 @@ accept-to-first-reply latency.
 
 Each round starts a fresh server process per mode (`check`: the default, loopback connections judged by uid through
 sock_diag netlink; `open`: allowed_uids=None, no check), on a socket bound as the launcher binds it
-(tcpstore/address.py: loopback, backlog 1024). Then:
+(tcpstore/address.py: loopback, the same listen backlog). Then:
 
 - burst: `--procs` client processes, released together, open `--clients` connections in all at once (non-blocking
   connects), each sends torch's VALIDATE and a GETNUMKEYS and waits for the 8-byte answer; the wall time from the

@@ -14,6 +14,11 @@ from ddpboot.errors import UsageError
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
+LISTEN_BACKLOG = 65535
+"""Connections the kernel queues before the store accepts them; it caps this at net.core.somaxconn (4096 by default
+on current kernels). Every rank connects at once at the start: past the queue, a client's SYN is dropped and retried
+a second later, so a small queue costs a large job whole seconds."""
+
 
 def is_loopback(host: str) -> bool:
     if host.lower() in LOOPBACK_NAMES:
@@ -40,7 +45,7 @@ def bind_store_socket(host: str, port: int | None, option: str = "--master-port"
             # Reuse a port in TIME_WAIT from an earlier run; a port something listens on still fails below.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
