@@ -158,3 +158,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def as_uid(uid: int, work: Callable[[], list[str]]) -> list[str]:
+    """What `work` returns when run in a forked child that dropped to `uid` (and no groups): a stranger on this
+    machine. Needs root. The child never returns into pytest; an error in it comes back as ["error ..."]."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(write_end, json.dumps(work()).encode())
+            code = 0
+        except BaseException as exc:
+            os.write(write_end, json.dumps([f"error {exc!r}"]).encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    result: list[str] = json.loads(data)
+    return result
+

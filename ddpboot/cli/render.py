@@ -14,7 +14,7 @@ from ddpboot.units import format_size, plural, short_uuid
 
 if TYPE_CHECKING:
     from ddpboot.launch.spec import LaunchSpec
-    from ddpboot.selection.inventory import Inventory
+    from ddpboot.selection.gpu import Inventory
     from ddpboot.selection.planner import Plan
     from ddpboot.smoke import Report
 

@@ -17,9 +17,11 @@ from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_gpus, render_plan, render_smoke
 from ddpboot.errors import UsageError
 from ddpboot.launch.runner import preview_plan
-from ddpboot.selection.inventory import GPU, Inventory, load_inventory
+from ddpboot.selection.gpu import GPU, Inventory
+from ddpboot.selection.gpu_list import resolve_list
+from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import current_holders, lock_dir
-from ddpboot.selection.planner import Plan, busy_reasons, resolve_list
+from ddpboot.selection.planner import Plan, busy_reasons
 from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request, parse_request
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import parse_size

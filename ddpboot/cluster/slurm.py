@@ -32,7 +32,7 @@ from ddpboot.cluster.base import (
     read_int,
     require,
 )
-from ddpboot.cluster.hostlist import MAX_HOSTS, first_host
+from ddpboot.cluster.hostlist import MAX_HOSTS, expand_hostlist, first_host
 from ddpboot.errors import DdpbootError, UsageError, WorkerEnvError
 
 PORT_BASE = 15000
@@ -110,6 +110,15 @@ def slurm_main_port(env: Mapping[str, str]) -> int:
     _, job_id = read_int(env, _JOB_ID_VARS, _CONTEXT)
     _, step_id = read_int(env, _STEP_ID_VARS, _CONTEXT)
     return derive_port(job_id, step_id)
+
+
+def slurm_node_list(env: Mapping[str, str]) -> list[str]:
+    """Every host of the step's node list, in order (as `scontrol show hostnames` expands it)."""
+    var, nodelist = require(env, _NODELIST_VARS, _CONTEXT)
+    try:
+        return expand_hostlist(nodelist)
+    except DdpbootError as exc:
+        raise WorkerEnvError(f"{var} cannot be read: {exc}") from exc
 
 
 class SlurmNodeInfo(NamedTuple):

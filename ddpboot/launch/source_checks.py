@@ -41,13 +41,11 @@ def device_count_checks(source: str) -> list[tuple[int, str]]:
 
 def isolation_note(plan: Plan, target: Target, cwd: Path) -> str | None:
     """The line to print when the script counts GPUs and rank isolation makes it see fewer than the node has."""
-    if plan.isolation != "rank" or not plan.ranks:
-        return None
-    per_rank = len(plan.ranks[0].gpus)
-    selected = sum(len(slot.gpus) for slot in plan.ranks)
+    counts = plan.gpus_hidden_by_isolation()
     path = script_file(target, cwd)
-    if per_rank == 0 or selected <= per_rank or path is None:
+    if counts is None or path is None:
         return None
+    per_rank, selected = counts
     try:
         checks = device_count_checks(path.read_text(errors="replace"))
     except OSError:

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddpboot.cluster.hostlist import expand_hostlist
-from ddpboot.cluster.slurm import slurm_main_address
+from ddpboot.cluster.slurm import slurm_main_address, slurm_node_list
 from ddpboot.errors import DdpbootError, UsageError
 from ddpboot.nodes.static import NodeSetup
 from ddpboot.tcpstore.allow import AllowList, hosts_allow_list, parse_allow_list, resolve_host
-
-NODE_LIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")  # as cluster/slurm.py reads them
 
 
 def parse_store_allow(text: str | None, nodes: NodeSetup, backend: str) -> AllowList | None:
@@ -46,14 +43,11 @@ def slurm_job_hosts(nodes: NodeSetup, env: Mapping[str, str]) -> list[str] | Non
     """The step's host names when node 0's store address is SLURM's own choice (its first node); else None."""
     if nodes.source != "slurm" or nodes.nnodes < 2:
         return None
-    node_list = next((env[v] for v in NODE_LIST_VARS if env.get(v)), None)
-    if node_list is None:
-        return None
     try:
         if slurm_main_address(env) != nodes.master_addr:  # --master-addr chose another address: routes unknown
             return None
-        return expand_hostlist(node_list)
-    except DdpbootError:
+        return slurm_node_list(env)
+    except DdpbootError:  # no node list, or one that cannot be read
         return None
 
 

@@ -23,8 +23,6 @@ _FAKE_MEMORY = 80 * GIB
 _FAKE_NAME = "Simulated GPU 80GB"
 _MAX_FAKE = 1024
 
-# GPU and Inventory live in selection/gpu.py; named here too because callers import them with load_inventory.
-__all__ = ["GPU", "Inventory", "fake_bus_id", "fake_inventory", "fake_uuid", "load_inventory", "nvml_inventory"]
 
 
 def load_inventory(env: Mapping[str, str] | None = None) -> Inventory:

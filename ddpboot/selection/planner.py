@@ -16,13 +16,9 @@ from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.affinity import rank_cores
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.gpu_list import GpuList, resolve_list
-from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request
+from ddpboot.selection.request import Request
 from ddpboot.selection.visible import Visible, resolve_visible
 from ddpboot.units import format_size, plural
-
-# DEFAULT_MAX_UTIL, Request and resolve_list live in request.py and gpu_list.py; they are named here too while
-# cli/__init__.py still imports them from the planner.
-__all__ = ["DEFAULT_MAX_UTIL", "Plan", "RankSlot", "Request", "busy_reasons", "make_plan", "resolve_list"]
 
 Groups = list[tuple[GPU, ...]]  # one entry per local rank: its GPUs (empty for a CPU rank)
 
@@ -70,6 +66,15 @@ class Plan:
     @property
     def local_world_size(self) -> int:
         return len(self.ranks)
+
+    def gpus_hidden_by_isolation(self) -> tuple[int, int] | None:
+        """(GPUs each rank sees, GPUs this node selected) when rank isolation shows each rank fewer GPUs than the
+        node selected, so that `torch.cuda.device_count()` differs from torchrun's; None otherwise."""
+        if self.isolation != "rank" or not self.ranks:
+            return None
+        per_rank = len(self.ranks[0].gpus)
+        selected = sum(len(slot.gpus) for slot in self.ranks)
+        return (per_rank, selected) if 0 < per_rank < selected else None
 
     def to_json(self) -> dict[str, Any]:
         return {

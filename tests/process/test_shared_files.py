@@ -5,7 +5,6 @@ them; `--log-mode shared` leaves them to the umask (docs/security.md)."""
 from __future__ import annotations
 
 import encodings.idna  # noqa: F401  (the child that drops to uid 65534 can no longer read the interpreter's files)
-import json
 import os
 import shutil
 import stat
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BEHAVE, finish, launch_env, run_launcher, start_launcher, wait_for
+from tests.support import BEHAVE, as_uid, finish, launch_env, run_launcher, start_launcher, wait_for
 
 NOBODY = 65534
 
@@ -36,34 +35,18 @@ def _mode(path: Path) -> int:
 
 def _tries_as(uid: int, paths: list[Path]) -> list[str]:
     """What a forked child that dropped to `uid` gets when it lists each directory or reads each file."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            outcomes = []
-            for path in paths:
-                try:
-                    _ = os.listdir(path) if path.is_dir() else path.read_bytes()
-                    outcomes.append("read")
-                except PermissionError:
-                    outcomes.append("denied")
-            os.write(write_end, json.dumps(outcomes).encode())
-            code = 0
-        except BaseException as exc:
-            os.write(write_end, json.dumps([f"error {exc!r}"]).encode())
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    result: list[str] = json.loads(data)
-    return result
+
+    def tries() -> list[str]:
+        outcomes = []
+        for path in paths:
+            try:
+                _ = os.listdir(path) if path.is_dir() else path.read_bytes()
+                outcomes.append("read")
+            except PermissionError:
+                outcomes.append("denied")
+        return outcomes
+
+    return as_uid(uid, tries)
 
 
 def test_the_run_directory_is_the_owners_only(tmp_path: Path, team_dir: Path) -> None:

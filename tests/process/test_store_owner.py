@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddpboot.tcpstore.client import StoreClient
-from tests.support import SCRIPTS, finish, free_port, launch_env, reports, start_launcher, wait_for
+from tests.support import SCRIPTS, as_uid, finish, free_port, launch_env, reports, start_launcher, wait_for
 
 JOB = str(SCRIPTS / "store_owner_job.py")
 NOBODY = 65534
@@ -56,28 +56,7 @@ def _hit_and_run(port: int) -> str:
 
 def _as_uid(uid: int, port: int) -> list[str]:
     """Three refused clients and one hit-and-run from a forked child that dropped to `uid`; their outcomes."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            outcomes = [_talk(port) for _ in range(3)] + [_hit_and_run(port)]
-            os.write(write_end, json.dumps(outcomes).encode())
-            code = 0
-        except BaseException as exc:
-            os.write(write_end, json.dumps([f"error {exc!r}"]).encode())
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    result: list[str] = json.loads(data)
-    return result
+    return as_uid(uid, lambda: [_talk(port) for _ in range(3)] + [_hit_and_run(port)])
 
 
 def _start_job(tmp_path: Path, keys: str) -> tuple[Any, Path, dict[int, dict[str, Any]]]:

@@ -95,16 +95,15 @@ def _wait_channel(pid: int) -> str:
 
 def rank_isolated_gpus(plan: Plan) -> bool:
     """Whether rank isolation hides GPUs from the ranks: each rank sees fewer GPUs than the node's selected ones."""
-    if plan.isolation != "rank" or not plan.ranks:
-        return False
-    return sum(len(s.gpus) for s in plan.ranks) > len(plan.ranks[0].gpus) > 0
+    return plan.gpus_hidden_by_isolation() is not None
 
 
 def no_join_report(plan: Plan) -> str:
     """Said after a job in which no rank ever joined the rendezvous, under rank isolation with GPUs: the common
     cause is a script that counted GPUs, saw only its own, and left without training (exit code 0)."""
-    per_rank = len(plan.ranks[0].gpus)
-    selected = sum(len(s.gpus) for s in plan.ranks)
+    counts = plan.gpus_hidden_by_isolation()
+    assert counts is not None, "only said when rank isolation hides GPUs"
+    per_rank, selected = counts
     return (
         f"ddpboot: warning: no rank joined the job: none of the {plural(len(plan.ranks), 'rank')} used the "
         "rendezvous store (torch.distributed.init_process_group never ran, or ran against another store).\n"

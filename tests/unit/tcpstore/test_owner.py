@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,38 +83,26 @@ def test_the_pid_is_found_only_as_root() -> None:
     assert pid_of_socket(0) is None
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    client = socket.create_connection(listener.getsockname())
-    accepted, _ = listener.accept()
-    yield client, accepted
-    for s in (client, accepted, listener):
-        s.close()
-
-
-def test_the_gate_reports_each_refused_uid_once(pair: tuple[socket.socket, socket.socket]) -> None:
+def test_the_gate_reports_each_refused_uid_once(connection: tuple[socket.socket, socket.socket]) -> None:
     warnings: list[str] = []
     gate = OwnerGate(frozenset({os.getuid() + 1}), warnings.append)
     try:
-        assert not gate.admit(pair[1])
-        assert not gate.admit(pair[1])
+        assert not gate.admit(connection[1])
+        assert not gate.admit(connection[1])
     finally:
         gate.close()
     assert len(warnings) == 1 and warnings[0].startswith(f"refused a connection from uid {os.getuid()} ")
     own = OwnerGate(frozenset({os.getuid()}), warnings.append)
-    assert own.admit(pair[1])
+    assert own.admit(connection[1])
     own.close()
 
 
 def test_without_any_socket_table_every_connection_is_served_with_one_warning(
-    pair: tuple[socket.socket, socket.socket],
+    connection: tuple[socket.socket, socket.socket],
 ) -> None:
     warnings: list[str] = []
     gate = OwnerGate(frozenset({os.getuid() + 1}), warnings.append)
     gate.tables = SocketTables(proc_net=Path("/nonexistent"))
     gate.tables.netlink_broken = True
-    assert gate.admit(pair[1]) and gate.admit(pair[1])
+    assert gate.admit(connection[1]) and gate.admit(connection[1])
     assert len(warnings) == 1 and "serving every local connection" in warnings[0], warnings

@@ -8,7 +8,6 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -142,19 +141,6 @@ def test_no_such_socket_is_none_and_other_errors_raise() -> None:
 
 
 # --- live lookups ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def connection() -> Iterator[tuple[socket.socket, socket.socket]]:
-    """(client, accepted) over 127.0.0.1."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    client = socket.create_connection(listener.getsockname())
-    accepted, _ = listener.accept()
-    yield client, accepted
-    for s in (client, accepted, listener):
-        s.close()
 
 
 def _ends(accepted: socket.socket) -> tuple[tuple[str, int], tuple[str, int]]:
