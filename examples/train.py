@@ -101,7 +101,9 @@ def main() -> None:
         final = nn.functional.mse_loss(model(val.tensors[0].to(ctx.device)), val.tensors[1].to(ctx.device))
     ddpboot.print0(f"final loss {final.item():.4f}")
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    print(f"rank {ctx.rank} param checksum {checksum:.10f}", flush=True)
+    # One write per line (end=""): the ranks may share one stream (torchrun without --tee), and print() would write
+    # the text and its newline separately, letting another rank's line land between them.
+    print(f"rank {ctx.rank} param checksum {checksum:.10f}\n", end="", flush=True)
     ddpboot.shutdown()
 
 

@@ -6,6 +6,7 @@ Each works in a world of one too (plain python): `wrap` returns the moved model,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sized
 from contextlib import contextmanager
 from typing import Any, cast
@@ -78,11 +79,17 @@ def is_main() -> bool:
     return env is None or env.global_rank == 0
 
 
-def print0(*args: Any, **kwargs: Any) -> None:
-    """print() on global rank 0 only; flushes by default, since workers' stdout is usually a pipe."""
+def print0(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None, flush: bool = True) -> None:
+    """print() on global rank 0 only; flushes by default, since workers' stdout is usually a pipe.
+
+    The line goes out in one write: print() writes the text and its end separately, and where the ranks share one
+    stream (torchrun without --tee, srun) another rank's output can land between the two."""
     if is_main():
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)
+        text = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
+        stream = sys.stdout if file is None else file
+        stream.write(text)
+        if flush:
+            stream.flush()
 
 
 @contextmanager
