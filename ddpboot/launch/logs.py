@@ -2,8 +2,9 @@
 
 A piece is a run of bytes ending in `\\n` or `\\r`. Pieces are written whole, so two ranks never share a console
 line: when another rank (or the launcher) writes while a rank's line is still open, the open line is ended first.
-A `\\r`-terminated piece is a progress-bar redraw (tqdm): it is shown at once, with the prefix, and so is the text
-that follows a `\\r` (tqdm writes `\\r` + bar and no terminator), so bars stay live instead of waiting for a newline.
+A line drawn with `\\r` is a progress bar (tqdm writes `\\r` + bar and no terminator; others write bar + `\\r`): each
+redraw goes to the Console at once, not waiting for a newline, and the Console draws it in place on a terminal or
+throttles it in a pipe or file (bars.py); the newline that ends the bar leaves its final state as an ordinary line.
 Other text without a terminator waits for one (or for the end of the stream) so that it is not split across lines.
 
 Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
@@ -24,9 +25,12 @@ import enum
 import errno
 import json
 import os
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.bars import LiveRegion, Throttle, blank, progress_interval, terminal_of
 from ddpboot.launch.options import Std
 
 MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
@@ -55,35 +59,96 @@ def write_all(fd: int, data: bytes) -> bool:
 
 
 class Console:
-    """The launcher's stdout and stderr, shared by every rank and by the launcher's own messages."""
+    """The launcher's stdout and stderr, shared by every rank and by the launcher's own messages; progress bars
+    drawn in place on a terminal and throttled in a pipe or file (bars.py)."""
 
-    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+    def __init__(self, out_fd: int = 1, err_fd: int = 2, clock: Callable[[], float] = time.monotonic,
+                 environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
         self.fds = {Std.OUT: out_fd, Std.ERR: err_fd}
         self.open: RankStream | None = None  # whose line is open (the cursor is not at a fresh line)
         self.gone: set[int] = set()
+        self.throttle = Throttle(progress_interval(environ), clock)
+        # The bars' region lives on stderr's terminal (or stdout's); a stream writing to that terminal is live.
+        terms = {std: terminal_of(fd, environ) for std, fd in self.fds.items()}
+        term = terms[Std.ERR] if terms[Std.ERR] is not None else terms[Std.OUT]
+        self.live = {std: term is not None and terms[std] == term for std in self.fds}
+        self.region_fd = err_fd if self.live[Std.ERR] else out_fd
+        self.region = LiveRegion(self._width)
+
+    def _width(self) -> int:
+        try:
+            return os.get_terminal_size(self.region_fd).columns or 80
+        except OSError:
+            return 80
 
     def _raw(self, fd: int, data: bytes) -> None:
-        if fd in self.gone:
+        if fd in self.gone or not data:
             return
         if not write_all(fd, data):
             self.gone.add(fd)  # `ddpboot ... | head`: keep running, keep the files, drop the console
 
+    def _out(self, std: Std, data: bytes, leaves_open: bool = False) -> None:
+        """Ordinary output: on the bars' terminal it goes above their region."""
+        if self.live[std]:
+            data = self.region.erase() + data + (b"" if leaves_open else self.region.draw())
+        self._raw(self.fds[std], data)
+
     def end_open_line(self) -> None:
         if self.open is not None:
-            self._raw(self.fds[self.open.stream], b"\n")
+            self._out(self.open.stream, b"\n")
             self.open.line_ended_elsewhere()
             self.open = None
 
     def write(self, owner: RankStream, data: bytes, leaves_open: bool) -> None:
+        """Ordinary output of a rank; the last state of its bars in a log is shown first."""
         if self.open is not None and self.open is not owner:
             self.end_open_line()
-        self._raw(self.fds[owner.stream], data)
+        for bar in [key for key in self.throttle.bars if isinstance(key, RankStream) and key.rank == owner.rank]:
+            self._lines(bar, self.throttle.flush(bar))
+        self._out(owner.stream, data, leaves_open)
         self.open = owner if leaves_open else None
+
+    def redraw(self, owner: RankStream, text: bytes) -> None:
+        """A progress-bar redraw of `owner`: its line in place on a terminal, throttled lines in a log."""
+        self.end_open_line()
+        if not self.live[owner.stream]:
+            self._lines(owner, self.throttle.redraw(owner, text))
+        elif blank(text):
+            self._raw(self.region_fd, self.region.remove(owner) + self.region.draw())
+        else:
+            self._raw(self.region_fd, self.region.update(owner, owner.prefix + text.rstrip(b" ")))
+
+    def end_bar(self, owner: RankStream, final: bytes) -> None:
+        """`owner`'s bar line ended (a newline, or the end of its stream) showing `final`: an ordinary line now."""
+        self.end_open_line()
+        if not self.live[owner.stream]:
+            self._lines(owner, self.throttle.end(owner, final))
+            return
+        erase = self.region.remove(owner)
+        self._raw(self.fds[owner.stream], erase + owner.prefix + final.rstrip(b" ") + b"\n" + self.region.draw())
+
+    def wait_time(self, timeout: float | None) -> float | None:
+        """`timeout` (None: no limit), shortened to when a bar's held-back redraw is due in a log (`show_due`)."""
+        due = self.throttle.due()
+        return timeout if due is None else due if timeout is None else min(timeout, due)
+
+    def show_due(self) -> None:
+        """Show the held-back redraws whose interval is over: a quiet bar's log line is at most one interval old."""
+        for owner, text in self.throttle.show_due():
+            if isinstance(owner, RankStream):
+                self._lines(owner, [text])
+
+    def _lines(self, owner: RankStream, texts: list[bytes]) -> None:
+        if texts:
+            self.end_open_line()
+        for text in texts:  # without the spaces a shorter redraw pads with to cover a longer one's
+            self._out(owner.stream, owner.prefix + text.rstrip(b" ") + b"\n")
 
     def message(self, text: str, stream: Std = Std.ERR) -> None:
         """A line of the launcher's own (notes, the failure summary)."""
         self.end_open_line()
-        self._raw(self.fds[stream], text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
+        self._out(stream, text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
 
 
 class LogMode(enum.Enum):
@@ -151,8 +216,10 @@ class RankStream:
         self.file = file
         self.prefix = f"[rank{rank}]: ".encode() if prefix else b""
         self.pending = bytearray()
-        self.at_line_start = True  # for the console: the next piece needs the prefix
-        self.after_cr = False  # the last terminator was \r: we are redrawing a progress bar
+        self.at_line_start = True  # for the console: the next ordinary piece needs the prefix
+        self.after_cr = False  # the last terminator was \r: the line is a progress bar being redrawn
+        self.redrawing = b""  # the bar's text since that \r
+        self.bar: bytes | None = None  # the bar's last (non-blank) state; None: no bar on this line
         self.tail = bytearray()
         self.closed = False
 
@@ -175,7 +242,8 @@ class RankStream:
             self._emit(piece)
 
     def close(self) -> None:
-        """End of stream: whatever is left is shown (ending the console line) and written."""
+        """End of stream: whatever is left is shown (a bar as its last state, ending the console line) and
+        written."""
         if self.closed:
             return
         self.closed = True
@@ -183,10 +251,14 @@ class RankStream:
             piece = bytes(self.pending)
             self.pending.clear()
             self._emit(piece)
-        if self.console is not None and not self.at_line_start:
-            if self.console.open is self:
-                self.console.end_open_line()
-            self.at_line_start = True
+        if self.console is None:
+            return
+        if self.bar is not None:
+            self.console.end_bar(self, self.bar)
+            self.bar = None
+        if self.console.open is self:
+            self.console.end_open_line()
+        self.at_line_start = True
 
     def _emit(self, piece: bytes) -> None:
         if self.file is not None:
@@ -194,17 +266,41 @@ class RankStream:
         self.tail += piece
         if len(self.tail) > TAIL_BYTES:
             del self.tail[: len(self.tail) - TAIL_BYTES]
-        ends = piece[-1:]
-        if self.console is not None and not (piece == b"\r" and self.at_line_start):  # a bare \r at column 0: nothing
-            crlf_end = piece == b"\n" and self.after_cr  # the \n of a \r\n: same line, no second prefix
-            head = self.prefix if self.at_line_start and not crlf_end else b""
-            self.console.write(self, head + piece, leaves_open=ends != b"\n")
-        if ends == b"\n":
-            self.at_line_start, self.after_cr = True, False
-        elif ends == b"\r":
+        if self.console is not None:
+            if self.after_cr or (piece.endswith(b"\r") and self.at_line_start):
+                self._bar_piece(self.console, piece)
+            else:
+                self._line_piece(self.console, piece)
+
+    def _line_piece(self, console: Console, piece: bytes) -> None:
+        """Ordinary output: whole lines, or a part of a very long one."""
+        head = self.prefix if self.at_line_start else b""
+        if piece.endswith(b"\r"):  # after a part of a long line: the rest of it is a bar
+            console.write(self, head + piece[:-1] + b"\n", leaves_open=False)
             self.at_line_start, self.after_cr = True, True
-        else:
-            self.at_line_start = False
+            return
+        ends_line = piece.endswith(b"\n")
+        console.write(self, head + piece, leaves_open=not ends_line)
+        self.at_line_start = ends_line
+
+    def _bar_piece(self, console: Console, piece: bytes) -> None:
+        """A piece of a line drawn with \r: a redraw, or the newline that ends the bar."""
+        ends = piece[-1:]
+        text = self.redrawing + (piece[:-1] if ends in (b"\r", b"\n") else piece)
+        if ends == b"\n":
+            self.after_cr, self.redrawing = False, b""
+            final = text or self.bar
+            self.bar = None
+            if final is None:  # the bar was cleared (tqdm.write's message, leave=False) or never drawn
+                console.write(self, self.prefix + text + b"\n", leaves_open=False)
+            else:
+                console.end_bar(self, final)
+            return
+        self.after_cr = True
+        self.redrawing = b"" if ends == b"\r" else text
+        if text and text != self.bar:
+            self.bar = None if blank(text) else text
+            console.redraw(self, text)
 
     def last_lines(self, n: int) -> list[str]:
         """The last `n` lines as shown on a terminal (a progress bar counts once, as its last redraw)."""

@@ -3,16 +3,22 @@ live progress bars, nothing left in the temp dir, and nothing lost from a rank t
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import select
 import signal
+import struct
+import subprocess
+import termios
 from pathlib import Path
 
 from tests.support import (
     BEHAVE,
+    ddpboot_exe,
     finish,
     launch_env,
+    render_terminal,
     run_launcher,
     start_launcher,
     wait_for,
@@ -102,7 +108,8 @@ def test_progress_bars_render_live(tmp_path: Path) -> None:
     """A \\r fragment reaches the console at once, prefixed, while the rank is still waiting to finish the line."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = start_launcher(["--nproc", "2", BEHAVE, "--progress", "0"], launch_env(out), text=False)
+    env = launch_env(out, DDPBOOT_PROGRESS_INTERVAL="60")
+    proc = start_launcher(["--nproc", "2", BEHAVE, "--progress", "0"], env, text=False)
     assert proc.stderr is not None
     fd = proc.stderr.fileno()
     seen = b""
@@ -119,7 +126,77 @@ def test_progress_bars_render_live(tmp_path: Path) -> None:
     assert code == 0
     # The job writes no key to the store, so the launcher's after-job note on rank isolation may follow.
     text = (seen + rest).split(b"ddpboot: warning: no rank joined")[0]
-    assert text.endswith(b"[rank0]: step 1/3\r[rank0]: step 2/3\r[rank0]: step 3/3\n"), repr(text)
+    # In a pipe: the first redraw at once, then (the interval not yet over) the last state when the bar ends.
+    assert text.endswith(b"[rank0]: step 1/3\n[rank0]: step 3/3\n"), repr(text)
+
+
+BARS = """import os, sys, time
+from pathlib import Path
+rank, sync = int(os.environ["RANK"]), Path(sys.argv[1])
+for i in range(21):  # a tqdm-like bar (\\r + bar), the two ranks in lockstep so that their redraws interleave
+    os.write(2, b"\\r%2d/20|%s" % (i, b"#" * i))
+    (sync / f"{rank}.{i}").touch()
+    deadline = time.monotonic() + 60
+    while not (sync / f"{1 - rank}.{i}").exists() and time.monotonic() < deadline:
+        time.sleep(0.002)
+os.write(2, b"\\n")
+print("done", flush=True)
+"""
+
+
+def _bars_job(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str]]:
+    out, sync = tmp_path / f"out-{name}", tmp_path / f"sync-{name}"
+    out.mkdir()
+    sync.mkdir()
+    script = tmp_path / "bars.py"
+    script.write_text(BARS)
+    env = launch_env(out, DDPBOOT_PROGRESS_INTERVAL="60", TERM="xterm")
+    return ["--nproc", "2", str(script), str(sync)], env
+
+
+def _bar_lines(lines: list[str]) -> dict[int, list[str]]:
+    seen: dict[int, list[str]] = {}
+    for line in lines:
+        if "/20|" in line:
+            m = re.fullmatch(r"\[rank(\d)\]: (.*)", line)
+            assert m, f"a bar line that is not one rank's whole line: {line!r}"
+            seen.setdefault(int(m[1]), []).append(m[2])
+    return seen
+
+
+def test_progress_bars_of_two_ranks_in_a_pipe_and_on_a_terminal(tmp_path: Path) -> None:
+    """2 ranks x 20 redraws: in a pipe, each rank's first state and its last (no line per redraw); on a terminal
+    (a pty), one line per rank, left showing the final state."""
+    args, env = _bars_job(tmp_path, "pipe")
+    proc = run_launcher(args, env)
+    assert proc.returncode == 0, proc.stderr
+    first, last = " 0/20|", "20/20|" + "#" * 20
+    assert _bar_lines(proc.stderr.splitlines()) == {0: [first, last], 1: [first, last]}, proc.stderr
+    assert sorted(ln for ln in proc.stdout.splitlines()) == ["[rank0]: done", "[rank1]: done"]
+
+    args, env = _bars_job(tmp_path, "tty")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    term = subprocess.Popen([*ddpboot_exe(), *args], env=env, stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=slave, start_new_session=True)
+    os.close(slave)
+    shown = b""
+
+    def ended() -> bool:
+        nonlocal shown
+        try:
+            while select.select([master], [], [], 0.05)[0]:
+                shown += os.read(master, 65536)
+        except OSError:  # EIO: every writer of the terminal has closed it
+            return True
+        return False
+
+    wait_for(ended, 120, "the end of the launcher's output on its terminal")
+    os.close(master)
+    assert term.wait(10) == 0, shown
+    screen = render_terminal(shown)
+    assert _bar_lines(screen) == {0: [last], 1: [last]}, screen
+    assert sorted(ln for ln in screen if ln.endswith("done")) == ["[rank0]: done", "[rank1]: done"], screen
 
 
 def test_redirects_and_tee_maps_work_for_rank_10(tmp_path: Path) -> None:

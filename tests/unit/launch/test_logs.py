@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import stat
+import tty
 from pathlib import Path
 
 import pytest
 
 from ddpboot.errors import UsageError
+from ddpboot.launch import logs
 from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream, parse_log_mode, read_error_file, run_dir
 from ddpboot.launch.options import Std
+from tests.support import render_terminal
+
+
+class Clock:
+    """A fake clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Capture:
     """A Console whose stdout/stderr are pipes we can read back."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None, interval: str = "5") -> None:
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
-        self.console = Console(out_w, err_w)
+        self.console = Console(out_w, err_w, clock or Clock(), {"DDPBOOT_PROGRESS_INTERVAL": interval})
         self.w = (out_w, err_w)
 
     def read(self) -> tuple[bytes, bytes]:
@@ -51,20 +65,128 @@ def test_two_ranks_never_share_a_console_line() -> None:
     assert out == b"[rank0]: hello\n[rank1]: world\n[rank0]: second\n"
 
 
-def test_progress_redraws_are_live_and_keep_their_prefix() -> None:
-    cap = Capture()
-    bar = RankStream(0, Std.ERR, cap.console, None)
-    other = RankStream(1, Std.OUT, cap.console, None)
-    bar.feed(b"\r 10%|#")  # tqdm: \r + bar, no terminator
-    bar.feed(b"\r 20%|##")
-    other.feed(b"note\n")  # ends the bar's line first
-    bar.feed(b"\r100%|###\n")
+def test_bars_in_a_log_are_throttled_and_their_last_state_kept() -> None:
+    """2 ranks x 20 tqdm-like redraws 0.9 s apart, 5 s apart at most in a log: the first at once, then one per
+    interval, and the final state when the bar's line ends."""
+    clock = Clock()
+    cap = Capture(clock)
+    ranks = [RankStream(r, Std.ERR, cap.console, None) for r in (0, 1)]
+    for i in range(21):
+        for s in ranks:
+            s.feed(b"\r%2d/20|%s" % (i, b"#" * i))  # tqdm: \r + bar, no terminator
+        clock.now += 0.9
+    for s in ranks:
+        s.feed(b"\n")
+        s.close()
+    _, err = cap.read()
+    want = [b"[rank%d]: %2d/20|%s\n" % (r, i, b"#" * i) for i in (0, 6, 12, 18, 20) for r in (0, 1)]
+    assert err == b"".join(want)
+
+
+def test_a_bars_last_state_is_shown_before_other_output_of_its_rank_and_at_the_end() -> None:
+    clock = Clock()
+    cap = Capture(clock)
+    bar, out, other = (RankStream(0, Std.ERR, cap.console, None), RankStream(0, Std.OUT, cap.console, None),
+                       RankStream(1, Std.ERR, cap.console, None))
+    bar.feed(b"\r1/9")
+    other.feed(b"\r5/9")
+    clock.now = 1
+    bar.feed(b"\r2/9")  # too soon: held back
+    other.feed(b"\r6/9  ")  # tqdm pads a redraw with spaces over a longer one: not in the log
+    out.feed(b"epoch done\n")  # rank 0 speaks: its bar's state first
+    other.feed(b"\r     \r")  # tqdm.write clears the bar before its message: its state first
+    other.feed(b"saved\n")
+    bar.feed(b"\r3/9")  # held back again, then the stream ends (the rank exited)
     bar.close()
     other.close()
-    out, err = cap.read()
-    assert err == b"[rank0]:  10%|#\r[rank0]:  20%|##\n[rank0]: 100%|###\n"
-    assert out == b"[rank1]: note\n"
-    assert bar.last_lines(5) == ["100%|###"]  # one line of the rank's own, shown as its last redraw
+    out.close()
+    stdout, err = cap.read()
+    assert stdout == b"[rank0]: epoch done\n"
+    assert err == b"[rank0]: 1/9\n[rank1]: 5/9\n[rank0]: 2/9\n[rank1]: 6/9\n[rank1]: saved\n[rank0]: 3/9\n"
+
+
+def test_a_quiet_bars_held_back_state_is_shown_when_its_interval_is_over() -> None:
+    """A bar that stops redrawing (a long evaluation after step 2) does not leave a stale state in the log: the
+    supervisor's loop waits at most until the interval is over (`wait_time`), then shows it (`show_due`)."""
+    clock = Clock()
+    cap = Capture(clock)
+    bar = RankStream(0, Std.ERR, cap.console, None)
+    bar.feed(b"\r1/9")
+    assert cap.console.wait_time(None) is None  # nothing held back: the loop may wait for ever
+    clock.now = 1
+    bar.feed(b"\r2/9")
+    assert cap.console.wait_time(None) == 4 and cap.console.wait_time(2.5) == 2.5
+    clock.now = 4.5
+    cap.console.show_due()  # too soon
+    clock.now = 5
+    cap.console.show_due()
+    assert cap.console.wait_time(None) is None
+    bar.close()
+    assert cap.read()[1] == b"[rank0]: 1/9\n[rank0]: 2/9\n"
+
+
+class Terminal:
+    """A Console whose stdout and stderr are one pseudo-terminal (raw: the bytes arrive as written)."""
+
+    def __init__(self, term: str = "xterm") -> None:
+        self.master, self.slave = os.openpty()
+        tty.setraw(self.slave)
+        self.console = Console(self.slave, self.slave, Clock(), {"TERM": term})
+        self.seen = b""
+
+    def take(self) -> bytes:
+        """What was written since the last take."""
+        got = b""
+        while select.select([self.master], [], [], 0.05)[0]:
+            got += os.read(self.master, 65536)
+        self.seen += got
+        return got
+
+    def screen(self) -> list[str]:
+        self.take()
+        return render_terminal(self.seen)
+
+
+def test_on_a_terminal_each_ranks_bar_is_one_line_redrawn_in_place() -> None:
+    term = Terminal()
+    ranks = [RankStream(r, Std.ERR, term.console, None) for r in (0, 1)]
+    out1 = RankStream(1, Std.OUT, term.console, None)
+    for s in ranks:
+        s.feed(b"\r 0/20")
+    assert term.take() == b"[rank0]:  0/20\n[rank1]:  0/20\n"  # a region of two lines, the cursor below
+    ranks[0].feed(b"\r 1/20")  # rank 0's line, in place: up 2, rewrite, erase the rest, back down
+    assert term.take() == b"\x1b[2A\r[rank0]:  1/20\x1b[K\x1b[2B\r"
+    for i in range(2, 21):
+        for s in ranks:
+            s.feed(b"\r%2d/20" % i)
+        if i == 10:
+            out1.feed(b"hello\n")  # ordinary output goes above the bars
+            assert term.screen() == ["[rank1]: hello", "[rank0]: 10/20", "[rank1]: 10/20"]
+    ranks[0].feed(b"\n")  # rank 0's bar ends: an ordinary line now, rank 1's bar stays below
+    assert term.screen() == ["[rank1]: hello", "[rank0]: 20/20", "[rank1]: 20/20"]
+    ranks[1].feed(b"\r" + b" " * 6 + b"\r")  # cleared (leave=False): gone from the screen
+    assert term.screen() == ["[rank1]: hello", "[rank0]: 20/20"]
+    term.console.message("ddpboot: done")
+    assert term.screen() == ["[rank1]: hello", "[rank0]: 20/20", "ddpboot: done"]
+
+
+def test_a_dumb_terminal_gets_what_a_log_gets() -> None:
+    term = Terminal("dumb")
+    s = RankStream(0, Std.ERR, term.console, None)
+    s.feed(b"\r1/3")
+    s.feed(b"\r2/3")
+    s.feed(b"\r3/3\n")
+    assert term.take() == b"[rank0]: 1/3\n[rank0]: 3/3\n"
+
+
+def test_a_bad_progress_interval_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="DDPBOOT_PROGRESS_INTERVAL='soon': give the seconds"):
+        Console(environ={"DDPBOOT_PROGRESS_INTERVAL": "soon"})
+    cap = Capture(interval="0")  # 0: every redraw
+    s = RankStream(0, Std.OUT, cap.console, None, prefix=False)
+    s.feed(b"\ra\rb\rc\n")
+    s.close()
+    assert cap.read()[0] == b"a\nb\nc\n"
 
 
 def test_files_get_the_bytes_unchanged(tmp_path: Path) -> None:
@@ -80,20 +202,21 @@ def test_files_get_the_bytes_unchanged(tmp_path: Path) -> None:
     log.close()
     assert (tmp_path / "rank0.log").read_bytes() == b"a\r\nE1\nbc\n\xff partial"
     console_out, console_err = cap.read()
-    assert console_out == b"a\r\nbc\n\xff partial\n" and console_err == b""
+    assert console_out == b"a\nbc\n\xff partial\n" and console_err == b""  # the \r of \r\n: no second line
 
 
 
 
-def test_launcher_messages_end_an_open_rank_line() -> None:
+def test_launcher_messages_end_an_open_rank_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "MAX_PENDING", 8)
     cap = Capture()
     s = RankStream(2, Std.ERR, cap.console, None)
-    s.feed(b"half")  # text without a terminator waits for one
-    s.feed(b"\r 10%")  # a progress redraw is shown at once and leaves the line open
+    s.feed(b"x" * 8)  # a very long line is shown in parts, leaving the console line open
     cap.console.message("ddpboot: note")
+    s.feed(b"y\n")
     s.close()
     _, err = cap.read()
-    assert err == b"[rank2]: half\r[rank2]:  10%\nddpboot: note\n"
+    assert err == b"[rank2]: xxxxxxxx\nddpboot: note\n[rank2]: y\n"
 
 
 def test_the_recorded_traceback_is_read_from_the_error_file(tmp_path: Path) -> None:
