@@ -36,6 +36,45 @@ STOP_SIGNALS: frozenset[signal.Signals] = frozenset(
     {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 )
 """Signals that stop a job when the launcher receives them (and are forwarded to the workers first)."""
+STACKS_SIGNAL: signal.Signals = signal.SIGUSR2
+"""Sent to the launcher, it dumps every rank's current Python stack (into the log and the run directory) and the
+job goes on; it is not forwarded to the ranks unless the signals option lists it. The dump ends with a line that
+starts with STACKS_END_LINE. (SIGUSR1 stays forwarded: Lightning's SLURM requeue uses it.)"""
+STACKS_END_LINE = "ddpboot: stacks: end"
+"""The first words of the last line of every stack dump the launcher prints (a caller that sent STACKS_SIGNAL waits
+for it)."""
+RANK_STACKS_SIGNAL: int = signal.SIGRTMIN + 3
+"""The signal on which a rank's `faulthandler` writes every thread's Python stack (registered by `ddpboot.init()`
+and by the fast-start process in each rank): the fallback when py-spy is missing or not permitted. A real-time
+signal nobody else uses; the launcher sends it only to a rank whose /proc status shows it caught."""
+STACKS_VAR = "DDPBOOT_STACKS"
+"""`SIGNO:PATH`: where a rank's faulthandler appends its stacks on signal SIGNO (RANK_STACKS_SIGNAL), set by the
+launcher; read by `ddpboot.init()` and by the fast-start process (which writes the parsing again: it imports
+nothing of ddpboot)."""
+
+
+def stacks_spec(signo: int, path: str) -> str:
+    return f"{signo}:{path}"
+
+
+def register_stacks(value: str | None) -> bool:
+    """Register faulthandler as STACKS_VAR's value asks (every thread's stack, appended to PATH on SIGNO); whether
+    it did. The file stays open for the life of the process (faulthandler writes from a signal handler)."""
+    signo, _, path = (value or "").partition(":")
+    if not signo.isdigit() or not path:
+        return False
+    import faulthandler
+
+    try:
+        f = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- faulthandler keeps it for the process's life
+        faulthandler.register(int(signo), file=f, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    _KEEP.append(f)
+    return True
+
+
+_KEEP: list[object] = []
 
 # --- the exit mark ---------------------------------------------------------------------------------------------
 
@@ -45,6 +84,11 @@ def exit_mark(error_file: str) -> Path:
     TORCHELASTIC_ERROR_FILE. The supervisor reads it to tell the rank that failed first (the root cause) from a
     rank that merely died of its peer's leaving."""
     return Path(error_file + ".exiting")
+
+
+def stacks_file(error_file: str) -> Path:
+    """Where a rank's faulthandler appends its stacks (STACKS_VAR): beside its TORCHELASTIC_ERROR_FILE."""
+    return Path(error_file.removesuffix(".error.json") + ".stacks")
 
 
 # --- ports -----------------------------------------------------------------------------------------------------

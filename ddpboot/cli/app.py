@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-TOOLS = ("plan", "gpus", "smoke")
+TOOLS = ("plan", "gpus", "smoke", "stacks")
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

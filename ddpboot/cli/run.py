@@ -53,6 +53,7 @@ from ddpboot.cli.run_options import (
     ScriptArgument,
     ShutdownTimeoutOption,
     SignalsToHandleOption,
+    StallTimeoutOption,
     StandaloneOption,
     StartMethodOption,
     StoreAllowOption,
@@ -125,6 +126,7 @@ def run(
     max_restarts: MaxRestartsOption = 0,
     shutdown_timeout: ShutdownTimeoutOption = None,
     monitor_interval: MonitorIntervalOption = 0.1,
+    stall_timeout: StallTimeoutOption = None,
     signals_to_handle: SignalsToHandleOption = DEFAULT_SIGNALS,
     start_method: StartMethodOption = "spawn",
     role: RoleOption = "default",
@@ -166,6 +168,7 @@ def run(
         shutdown = parse_duration(DEFAULT_SHUTDOWN_TIMEOUT if shutdown_timeout is None else shutdown_timeout,
                                   "--shutdown-timeout")
         monitor = parse_duration(monitor_interval, "--monitor-interval", allow_zero=False)
+        stall = None if stall_timeout is None else parse_duration(stall_timeout, "--stall-timeout", allow_zero=False)
         check_torchrun_options(max_restarts, start_method, rdzv_conf, rdzv_backend)
         node_options = NodeOptions(selection.nnodes, selection.node_rank, master_addr, master_port, rdzv_endpoint,
                                    rdzv_backend, standalone, local_addr)
@@ -190,7 +193,7 @@ def run(
         config = LaunchConfig(
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=store_addr,
             request=request, store=backend, store_allow=allow, signals=signals, shutdown_timeout=shutdown,
-            monitor_interval=monitor, max_restarts=max_restarts, role=role, rdzv_id=rdzv_id,
+            monitor_interval=monitor, stall_timeout=stall, max_restarts=max_restarts, role=role, rdzv_id=rdzv_id,
             rdzv_backend=rdzv_backend, rdzv_conf=conf, join_timeout=join, output=output, fast_start=forks,
             preloads=preloads, wait_for_gpus=wait, dry_run=dry_run,
         )

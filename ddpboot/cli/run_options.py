@@ -168,6 +168,14 @@ ShutdownTimeoutOption = Annotated[
                  "launcher is signalled. Default 30."),
 ]
 
+StallTimeoutOption = Annotated[
+    float | None,
+    typer.Option("--stall-timeout", rich_help_panel=_SUP, metavar="SECONDS",
+                 help="Stop the job when no rank made progress for this long (no output, no rank exited, no rank "
+                 "busy on a CPU), after dumping every rank's stack into the log and the run directory. Default: "
+                 "never."),
+]
+
 MonitorIntervalOption = Annotated[
     float,
     typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",

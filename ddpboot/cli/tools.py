@@ -1,5 +1,6 @@
 """The tools: `ddpboot plan` (which GPU each rank would get), `ddpboot gpus` (the machine's GPUs), `ddpboot smoke`
-(a multi-GPU self-test). Planning reads NVML only: nothing here imports torch.
+(a multi-GPU self-test), `ddpboot stacks` (where every rank of a running job is). Planning reads NVML only: nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ddpboot.units import parse_size
 # Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
 COMMANDS = (
     "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
-    "`ddpboot smoke` runs a multi-GPU self-test; each takes -h.\n\n"
+    "`ddpboot smoke` runs a multi-GPU self-test, `ddpboot stacks` shows where every rank of a running job is; "
+    "each takes -h.\n\n"
 )
 INDEX_RULES = (
     "GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and "
@@ -200,3 +202,32 @@ def smoke_cmd(
     raise typer.Exit(0 if report.passed else 1)
 
 
+@tools.command("stacks")
+@handle_errors
+def stacks_cmd(
+    run: Annotated[
+        str | None,
+        typer.Argument(help="The job: its launcher's pid, its run directory (--log-dir's run folder) or its run id. "
+                       "Default: the one job of yours that runs."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the dump as one JSON object.")] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the launcher's dump.")
+    ] = 30.0,
+) -> None:
+    """Print every rank's current Python stack, with one line per rank naming the collective, barrier or
+    destroy_process_group it waits in. The launcher collects them (py-spy, or the ranks' faulthandler) when sent
+    SIGUSR2, and keeps a copy in its run directory."""
+    from ddpboot.launch.stacks.find import find, request_dump
+
+    if timeout <= 0:
+        raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
+    record = find(run)
+    path = request_dump(record, timeout)
+    if path is None:
+        raise UsageError(f"the launcher (pid {record.pid}) wrote no stack dump into {record.run_dir} within "
+                         f"{timeout:g} s: it may have exited or be busy; try again with a longer --timeout.")
+    if as_json:
+        print(path.read_text(encoding="utf-8"), end="")
+    else:
+        print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="")

@@ -6,6 +6,7 @@ reserves and supervises from it, and turns it into the LaunchSpec the supervisor
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.bars import progress_interval
 from ddpboot.launch.logs import LogMode, parse_log_mode
 from ddpboot.launch.options import (
     Std,
@@ -177,6 +179,7 @@ class OutputConfig:
             )
         if log_dir:
             check_log_dir(Path(log_dir))
+        progress_interval(os.environ)  # DDPBOOT_PROGRESS_INTERVAL, checked before anything starts (logs.Console)
         return cls(
             log_dir=Path(log_dir) if log_dir else None,
             log_mode=parse_log_mode(log_mode),
@@ -232,6 +235,7 @@ class LaunchConfig:
     signals: tuple[signal.Signals, ...] = ()
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     monitor_interval: float = 0.1
+    stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
     max_restarts: int = 0
     role: str = "default"
     rdzv_id: str | None = None  # --rdzv-id as given; None or "none": a fresh run id (nodes/launcher.py)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ddpboot.contract import RANK_STACKS_SIGNAL, STACKS_VAR, stacks_file, stacks_spec
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -20,6 +21,15 @@ from ddpboot.selection.planner import Plan, RankSlot
 RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 LOCAL_RANK_MACRO = "${local_rank}"
+
+# NCCL's flight recorder with --log-dir: torch's own ring buffer of collectives, dumped per rank into the attempt
+# directory when a collective times out (read with `torchfrtrace DIR`). Each entry: the names torch 2.11-2.14 read
+# (the first is set; a user's value under any of them wins) and the value.
+FLIGHT_RECORDER: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), "2000"),
+    (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+    (("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"), "{dir}/nccl_trace_rank_"),
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class EnvContext:
     restart_count: int = 0
     max_restarts: int = 0
     signals: str = ""  # TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun exports it
+    trace_dir: str = ""  # where NCCL's flight recorder dumps (the attempt directory with --log-dir); "": not set
 
 
 def worker_vars(
@@ -66,9 +77,14 @@ def worker_vars(
         "DDPBOOT_LOCAL_RANK": str(slot.local_rank),
         "DDPBOOT_GPU_UUIDS": ",".join(g.uuid for g in slot.gpus),
         "DDPBOOT_ISOLATION": plan.isolation,
+        STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks_file(error_file))),
     }
     if ctx.signals:
         out["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ctx.signals
+    if ctx.trace_dir:
+        for names, value in FLIGHT_RECORDER:
+            if not any(n in base for n in names):
+                out[names[0]] = value.format(dir=ctx.trace_dir)
     return out
 
 

@@ -89,7 +89,9 @@ def check_rank_filter(ranks: frozenset[int], limit: int, option: str, what: str)
 
 # Signals a launcher cannot or must not take over: SIGKILL/SIGSTOP cannot be caught, SIGCHLD drives supervision.
 _UNFORWARDABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
-DEFAULT_SIGNALS = "SIGINT,SIGTERM,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# SIGUSR2 is not among them: it is the launcher's own stack-dump signal (ddpboot/contract.py STACKS_SIGNAL); listing
+# it in --signals-to-handle forwards it to the workers instead.
+DEFAULT_SIGNALS = "SIGINT,SIGTERM,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 def parse_signals(text: str, option: str = "--signals-to-handle") -> tuple[signal.Signals, ...]:

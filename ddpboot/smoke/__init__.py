@@ -3,7 +3,8 @@
 The driver plans exactly as a job would (the same selection options), runs the planned ranks through the
 launcher with the checks of `ddpboot.smoke.rank`, watches the GPUs outside the plan through NVML while they run,
 and reports a table (or `--json`, `--junit-xml`). `--timeout` bounds the whole run: a collective that hangs
-becomes a failed check naming the rank that never arrived, not a hung CI job.
+becomes a failed check naming the rank that never arrived, not a hung CI job; before stopping the launcher at the
+timeout, the driver asks it for every rank's stack (ddpboot/launch/stacks/) and adds the summary to the notes.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def run_smoke(
             watch.sample()
             if time.monotonic() > deadline:
                 timed_out = True
+                notes += stacks_at_timeout(proc.pid)
                 _stop(proc)
                 break
             time.sleep(0.2)  # the NVML sampling period, not a wait for a condition
@@ -187,6 +189,21 @@ def run_smoke(
     if proc.returncode not in (0, None) and all(v.status != "fail" for v in verdicts):
         verdicts.append(Verdict("launcher", None, "fail", f"the launcher exited {proc.returncode}:\n{output[-2000:]}"))
     return Report(plan, verdicts, proc.returncode, wall, notes)
+
+
+def stacks_at_timeout(pid: int) -> list[str]:
+    """Ask the launcher (pid) for a stack dump; the notes that say where each rank was."""
+    from ddpboot.launch.stacks.find import find, request_dump
+
+    try:
+        path = request_dump(find(str(pid)), timeout=20)
+    except (UsageError, OSError) as exc:
+        return [f"no stacks at the timeout: {exc}"]
+    if path is None:
+        return ["no stacks at the timeout: the launcher wrote no dump within 20 s"]
+    dump = json.loads(path.read_text(encoding="utf-8"))
+    return [f"at the timeout, rank {r['rank']} ({r['gpus']}, pid {r['pid']}) was in: "
+            f"{r['summary'] or r['problem']}" for r in dump["ranks"]]
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

@@ -6,7 +6,8 @@ once, so that when a collective hangs and the launcher stops the job, the driver
 rank never finished.
 
 DDPBOOT_SMOKE_FAULT injects faults for ddpboot's own tests: `corrupt:RANK` makes RANK add 1 to its all_reduce
-input, `hang:RANK:CHECK` makes RANK sleep forever at the start of CHECK.
+input, `hang:RANK:CHECK` makes RANK sleep forever at the start of CHECK (`hang:all:CHECK`: every rank, so that
+no rank's own collective timeout ends the job and only the driver's --timeout does).
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ class Recorder:
         os.fsync(self.file.fileno())
 
 
+ALL_RANKS = -2
+
+
 def _fault() -> tuple[str, int, str]:
     spec = os.environ.get("DDPBOOT_SMOKE_FAULT", "")
     parts = spec.split(":")
-    if len(parts) >= 2 and parts[1].isdigit():
-        return parts[0], int(parts[1]), parts[2] if len(parts) > 2 else ""
+    if len(parts) >= 2 and (parts[1].isdigit() or parts[1] == "all"):
+        return parts[0], ALL_RANKS if parts[1] == "all" else int(parts[1]), parts[2] if len(parts) > 2 else ""
     return "", -1, ""
 
 
@@ -228,7 +232,8 @@ def main() -> int:
     failed = False
     for name in checks:
         fn: Callable[[], tuple[str, dict[str, Any]]] = getattr(suite, name)
-        if suite.fault == "hang" and suite.rank == suite.fault_rank and suite.fault_check in ("", name):
+        hangs_here = suite.fault_rank in (suite.rank, ALL_RANKS)
+        if suite.fault == "hang" and hangs_here and suite.fault_check in ("", name):
             time.sleep(10**6)  # before "start": this rank never reaches the check, as a stuck rank would not
         rec.write(check=name, status="start")
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ddpboot.cluster import ClusterEnvironment, LocalEnvironment, detect_environment
+from ddpboot.contract import STACKS_VAR, register_stacks
 from ddpboot.errors import WorkerEnvError, WorkerSetupError
 from ddpboot.worker.backend import check_backend_usable, normalize_backend, uses_nccl
 from ddpboot.worker.context import STATE, Context
@@ -37,7 +38,8 @@ def init(
     strict: pitfall guards raise a `PitfallError` subclass instead of warning with `DdpbootWarning`.
 
     The device is chosen and `torch.cuda.set_device` called before `init_process_group`, so NCCL and every later
-    `.cuda()` land on this rank's GPU. `ddpboot.shutdown()` runs at exit.
+    `.cuda()` land on this rank's GPU. `ddpboot.shutdown()` runs at exit. Under ddpboot's launcher, faulthandler
+    is registered on the signal the launcher sends for a stack dump (ddpboot/contract.py STACKS_VAR).
     """
     with STATE.lock:
         if STATE.context is not None:
@@ -49,6 +51,7 @@ def init(
                 )
             return STATE.context
         requested = normalize_backend(backend) if backend is not None else None
+        register_stacks(os.environ.get(STACKS_VAR))  # `ddpboot stacks` without py-spy (launch/stacks/collect.py)
         STATE.context, STATE.owns_group = _start(requested, _as_timedelta(timeout), strict)
         if not STATE.atexit_registered:
             RECORDER.install()

@@ -74,6 +74,16 @@ def test_a_hanging_rank_fails_its_check_within_the_timeout(tmp_path: Path) -> No
     assert not left, f"ranks still running after the smoke run ended: {left}"
 
 
+def test_the_timeout_dumps_where_every_rank_was() -> None:
+    """Every rank stuck (none of their own collective timeouts fires): only the driver's --timeout ends the run, and
+    the launcher's stack dump before the stop names each rank's place in the notes."""
+    code, report, err = smoke("--nproc", "2", "--timeout", "12", "--checks", "broadcast", fault="hang:all:broadcast")
+    assert code == 1, err
+    notes = [n for n in report["notes"] if n.startswith("at the timeout, rank")]
+    assert [n.split(" (")[0] for n in notes] == ["at the timeout, rank 0", "at the timeout, rank 1"], report["notes"]
+    assert all("(CPU" in n and "rank.py" in n for n in notes), notes
+
+
 def test_simulated_gpus_and_max_bytes_capped(fake_gpus: Any) -> None:
     path = fake_gpus([{"memory_total": 64 * 2**20}, {"memory_total": 64 * 2**20}])
     code, report, err = smoke(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import gc
 import json
 import os
@@ -83,6 +84,21 @@ def _fresh_dispositions(initial: dict[int, Any]) -> None:
         with contextlib.suppress(OSError, ValueError, RuntimeError, TypeError):
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+# ddpboot/contract.py's STACKS_VAR and its register_stacks, written again (this file imports nothing of ddpboot):
+# `SIGNO:PATH`, faulthandler appends every thread's stack to PATH on signal SIGNO (the launcher's stack dumps).
+STACKS_VAR = "DDPBOOT_STACKS"
+_stacks_files: list[Any] = []
+
+
+def _register_stacks(value: str) -> None:
+    signo, _, path = value.partition(":")
+    if signo.isdigit() and path:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            f = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes to it until the rank ends
+            faulthandler.register(int(signo), file=f, all_threads=True, chain=False)
+            _stacks_files.append(f)
 
 
 def _max_fd() -> int:
@@ -200,6 +216,7 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, keep_clos
             os.sched_setaffinity(0, req["cpus"])
         os.environ.clear()
         os.environ.update(req["env"])
+        _register_stacks(req["env"].get(STACKS_VAR, ""))
         torch = sys.modules.get("torch")
         threads = req["env"].get("OMP_NUM_THREADS", "")
         if torch is not None and threads.isdigit() and int(threads) > 0:

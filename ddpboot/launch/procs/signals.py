@@ -22,7 +22,10 @@ another PID namespace (a container boundary) shows as pid 0, like the kernel, an
 signal the workers.
 
 SIGINT, SIGTERM, SIGHUP and SIGQUIT also stop the job (the workers get `--shutdown-timeout` to exit, then SIGKILL);
-a second SIGINT while stopping kills at once. SIGUSR1/SIGUSR2 (and any other handled signal) are only forwarded.
+a second SIGINT while stopping kills at once. SIGUSR1 (Lightning's SLURM requeue) and any other handled signal are
+only forwarded. STACKS_SIGNAL (SIGUSR2) is the launcher's own: it dumps every rank's stack and is not forwarded,
+unless the signals option lists it (then it is forwarded as before); from slurmstepd it is left alone, as before
+(the workers have it already). SLURM's SIGTERM (the time limit, scancel) also dumps the stacks, first.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ddpboot.contract import STOP_SIGNALS
+from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 
 DIRECT_SENDERS = frozenset({"slurmstepd"})
 REPEAT_WINDOW = 1.0
@@ -122,6 +125,7 @@ class Decision:
     kill: bool  # stop the job now: SIGKILL every worker group
     why: str
     terminate_workers: bool = False  # stopping, and the workers have not been signalled: send them SIGTERM
+    dump: bool = False  # dump every rank's stack first
 
 
 @dataclass
@@ -130,6 +134,7 @@ class ForwardPolicy:
 
     last_forward: dict[int, float] = field(default_factory=dict)
     stopping_by: int | None = None
+    forward_stacks: bool = False  # the signals option lists STACKS_SIGNAL: forward it instead of dumping
 
     def decide(self, info: SignalInfo, now: float, name: str | None = None, from_worker: bool = False) -> Decision:
         sig = info.signo
@@ -141,7 +146,10 @@ class ForwardPolicy:
             self.stopping_by = sig
         if name in DIRECT_SENDERS:
             why = f"{label} from {name}, which signals every worker itself: not forwarded"
-            return Decision(False, stop, False, why)
+            return Decision(False, stop, False, why, dump=sig == signal.SIGTERM)
+        if sig == STACKS_SIGNAL and not self.forward_stacks:
+            return Decision(False, False, False, f"dumping every rank's stack ({label} is not forwarded unless "
+                            "--signals-to-handle lists it)", dump=True)
         if from_worker:
             why = f"{label} from worker pid {info.pid}: not sent back to the workers"
             return Decision(False, stop, False, why, terminate_workers=stop)

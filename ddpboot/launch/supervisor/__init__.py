@@ -17,21 +17,31 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 
-from ddpboot.contract import exit_mark
+from ddpboot.contract import STACKS_SIGNAL, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.launch.logs import Console, LogMode
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.stacks import dump as stack_dump
+from ddpboot.launch.stacks.collect import RankTarget
+from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
 from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable
 from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus
 from ddpboot.launch.supervisor.starters import choose_starter
-from ddpboot.launch.supervisor.workers import AttemptResult, AttemptSetup, Worker, describe_status, make_workers
+from ddpboot.launch.supervisor.workers import (
+    AttemptResult,
+    AttemptSetup,
+    Worker,
+    describe_gpus,
+    describe_status,
+    make_workers,
+)
 from ddpboot.selection.planner import Plan
 from ddpboot.tcpstore.allow import AllowList
 
@@ -64,6 +74,7 @@ class Supervisor:
         attempts: range | None = None,
         log_mode: LogMode = LogMode.PRIVATE,
         store_allow: AllowList | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -82,13 +93,13 @@ class Supervisor:
         # SIGKILL after the shutdown timeout) and is recorded in the result (elastic membership changes).
         self.watch = watch
         self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
-                             watch_interval if watch is not None else None)
+                             watch_interval if watch is not None else None, stall_timeout)
         self.result: AttemptResult | None = None  # the last attempt's
         self.fast_start = fast_start  # ranks forked by the fast-start process (launch/faststart/); None: exec
         # The attempt numbers this supervisor runs (TORCHELASTIC_RESTART_COUNT, attempt_N, the summary's count):
         # 0..--max-restarts by default; an elastic round runs the one attempt its job has reached.
         self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
-        self.policy = ForwardPolicy()
+        self.policy = ForwardPolicy(forward_stacks=STACKS_SIGNAL in spec.signals)
         self.sel = selectors.DefaultSelector()
         self.sigfd: SignalFd | None = None
         self.procs: ProcessTable | None = None
@@ -101,9 +112,11 @@ class Supervisor:
         guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None,
                                   self.store_allow)
         self.listener.close()  # the guardian serves it now
-        self.sigfd = SignalFd([*self.spec.signals, signal.SIGCHLD])
+        self.sigfd = SignalFd([*self.spec.signals, STACKS_SIGNAL, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
         starter = None
+        record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve())
+        publish(record)
         try:
             starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console)
             self.procs = ProcessTable(guardian, starter, self.clock)
@@ -114,6 +127,7 @@ class Supervisor:
                 self._report_no_join(guardian)
             return code
         finally:
+            unpublish(record)
             if starter is not None:
                 starter.close()
             self._finish()
@@ -186,7 +200,21 @@ class Supervisor:
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,
                                      lambda i: exit_mark_time(workers[i]))
-        return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch).run(pipes)
+        return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
+                           self._snapshot).run(pipes)
+
+    def _targets(self) -> list[RankTarget]:
+        workers = self.procs.workers if self.procs is not None else []
+        return [RankTarget(w.slot.rank, w.pid, describe_gpus(w.slot), stacks_file(str(w.error_file)))
+                for w in workers if w.pid and w.status is None]
+
+    def _dump(self, reason: str) -> None:
+        """Every running rank's stack, into the console (and so the log) and the run directory."""
+        dump = stack_dump.take(self._targets(), reason, self.setup.base_env)
+        stack_dump.write(dump, self.workdir, self.console.message)
+
+    def _snapshot(self) -> Hashable | None:
+        return stack_dump.fingerprint(stack_dump.take(self._targets(), "snapshot", self.setup.base_env))
 
 
 def _wait_for_threads() -> None:

@@ -17,17 +17,24 @@ waits up to EXITING_GRACE seconds (at most the shutdown timeout) for the leaving
 
 When every rank has exited, processes left in a worker's group (a daemon, a data-loader worker) get LINGER seconds
 to go on their own, then SIGTERM and, after the shutdown timeout, SIGKILL, as torchrun stops its groups at the end.
+
+Stack dumps (DumpStacks; ddpboot/launch/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
+get SIGKILL; on SLURM's SIGTERM; and with `--stall-timeout`, when no rank made progress for that long. Progress
+(progress.py's StallWatch) is any output from a rank, a rank exiting, or a rank using
+at least BUSY of a core since the last sample: a long, quiet step computes, a rank waiting for a peer in gloo
+sleeps in the kernel.
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalInfo, signal_label
+from ddpboot.launch.supervisor.progress import StallWatch
 
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
 LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own once every rank has exited
@@ -56,7 +63,20 @@ class ReportStuck:
     """Name the processes still alive STUCK_REPORT seconds after SIGKILL (stuck in the kernel)."""
 
 
-Action = SignalGroups | Say | ReportStuck
+@dataclass(frozen=True)
+class DumpStacks:
+    """Dump every running rank's stack (ddpboot/launch/stacks/), saying why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Take the running ranks' stacks quietly and answer `snapshot_taken` with their fingerprint (--stall-timeout:
+    a quiet job whose ranks spin)."""
+
+
+Action = SignalGroups | Say | ReportStuck | DumpStacks | Snapshot
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,7 @@ class Timing:
     shutdown_timeout: float  # SIGTERM → SIGKILL
     monitor_interval: float  # the re-check tick while waiting for a process group to empty
     watch_interval: float | None = None  # how often to call the watch hook; None: no hook
+    stall_timeout: float | None = None  # --stall-timeout: stop after this long without progress; None: never
 
 
 @dataclass
@@ -114,6 +135,9 @@ class AttemptDecisions:
         self.stop_signal: int | None = None  # the signal that stopped the job
         self.restart_reason: str | None = None  # the watch hook's reason to stop the attempt
         self.guardian_code: int | None = None  # the guardian's exit code, if it died
+        self.stall = None if timing.stall_timeout is None else StallWatch.start(timing.stall_timeout, now)
+        self.stalled = False  # --stall-timeout stopped the attempt
+        self.dumped_stopping = False  # the stacks were dumped while stopping (once is enough)
 
     # --- state -----------------------------------------------------------------------------------------
 
@@ -135,6 +159,8 @@ class AttemptDecisions:
         """How long the loop may wait for an event: until the next deadline, or one monitor tick while a group is
         emptying or a worker whose pipes have closed has not been seen to exit (`silent_worker`); None: no limit."""
         times = [t for t in (self.deadlines.kill, self.deadlines.report, self.deadlines.watch) if t is not None]
+        if self.stall is not None and not self.stopping:
+            times.append(self.stall.next_sample)
         if self.pending is not None:
             times.append(self.pending.until)
         wait = max(min(times) - now, 0.0) if times else None
@@ -187,6 +213,9 @@ class AttemptDecisions:
         who = "the terminal or the kernel" if info.pid == 0 else f"pid {info.pid} ({sender or '?'})"
         actions: list[Action] = [Say(f"ddpboot: received {label} from {who}: {decision.why}")]
         everyone = tuple(range(len(self.ranks)))
+        if decision.dump:
+            actions.append(DumpStacks(f"{label} from {who}"))
+            self.dumped_stopping = self.dumped_stopping or decision.stop
         if decision.forward:
             actions.append(SignalGroups(everyone, info.signo))
             if decision.stop:
@@ -268,6 +297,12 @@ class AttemptDecisions:
         actions: list[Action] = []
         if self.deadlines.kill is not None and now >= self.deadlines.kill:
             live = self._live()
+            running = [self.ranks[i].rank for i in live if not self.ranks[i].exited]
+            if running and not self.dumped_stopping:
+                self.dumped_stopping = True
+                ranks = ", ".join(map(str, running))
+                actions.append(DumpStacks(f"rank{'s' if len(running) > 1 else ''} {ranks} still running "
+                                          f"{self.timing.shutdown_timeout:g} s after being asked to stop"))
             if live:
                 actions.append(SignalGroups(live, signal.SIGKILL))
             self._note(live, f"SIGKILL after {self.timing.shutdown_timeout:g} s")
@@ -280,7 +315,40 @@ class AttemptDecisions:
             actions.append(Say(f"ddpboot: error: the guardian process (store server) exited with "
                                f"{self.guardian_code}; stopping the job"))
             actions += self._stop(signal.SIGTERM, "SIGTERM (the store server died)", now)
-        return actions
+        return actions + self._stall_check(now)
+
+    # --- --stall-timeout ---------------------------------------------------------------------------------
+
+    def sample_due(self, now: float) -> bool:
+        return self.stall is not None and not self.stopping and now >= self.stall.next_sample
+
+    def progress(self, now: float, cpu: dict[int, float], output: int, running: bool = False) -> None:
+        """A progress sample (see StallWatch.observe); the loop takes it when `sample_due`."""
+        if self.stall is not None:
+            self.stall.observe(now, cpu, output, sum(r.exited for r in self.ranks), running)
+
+    def snapshot_taken(self, now: float, fingerprint: Hashable | None) -> list[Action]:
+        """The ranks' stacks (a fingerprint; None when not every rank could be read): unchanged too long, a stall."""
+        if self.stall is None or self.stopping or not self.stall.snapshot_taken(now, fingerprint):
+            return []
+        return self._stalled(now, "no output, no rank exited, the same stacks in every rank")
+
+    def _stall_check(self, now: float) -> list[Action]:
+        if self.stall is None or self.stopping:
+            return []
+        if not self.stall.stalled(now):
+            return [Snapshot()] if self.stall.snapshot_due(now) else []
+        return self._stalled(now, "no output, no rank exited, no rank busy on a CPU")
+
+    def _stalled(self, now: float, why: str) -> list[Action]:
+        assert self.stall is not None
+        self.stalled = True
+        self.dumped_stopping = True
+        t = f"{self.stall.timeout:g} s"
+        say = Say(f"ddpboot: no progress for {t} ({why}): --stall-timeout {self.stall.timeout:g}; dumping every "
+                  "rank's stack, then stopping the job")
+        return [say, DumpStacks(f"no progress for {t}, --stall-timeout"),
+                *self._stop(signal.SIGTERM, f"SIGTERM (no progress for {t}, --stall-timeout)", now)]
 
 
 # --- between attempts ----------------------------------------------------------------------------------

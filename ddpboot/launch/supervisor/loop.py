@@ -16,12 +16,12 @@ import contextlib
 import os
 import selectors
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.signals import SignalFd, sender_name
-from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, Say, SignalGroups
+from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, exit_code_of
@@ -29,6 +29,18 @@ from ddpboot.launch.supervisor.workers import AttemptResult, Worker, exit_code_o
 SIGNALS_KEY = "signals"  # the selector's data for the signalfd
 PIPE_KEY = "pipe"  # ... for a worker's stdout/stderr pipe
 CHUNK = 1 << 16
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> tuple[float, bool] | None:
+    """The CPU time (user + system, every thread) of a live process, and whether its main thread is running or
+    waiting for a core (state R or D), from /proc/PID/stat; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0] in (b"R", b"D")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class ProcessTable:
@@ -148,7 +160,9 @@ class AttemptLoop:
     """Runs one attempt's workers to the end: events in, the decisions' actions out."""
 
     def __init__(self, procs: ProcessTable, sel: selectors.BaseSelector, sigfd: SignalFd, console: Console,
-                 decisions: AttemptDecisions, watch: Callable[[], str | None] | None) -> None:
+                 decisions: AttemptDecisions, watch: Callable[[], str | None] | None,
+                 dump: Callable[[str], None] | None = None,
+                 snapshot: Callable[[], Hashable | None] | None = None) -> None:
         self.procs = procs
         self.sel = sel
         self.sigfd = sigfd
@@ -157,6 +171,9 @@ class AttemptLoop:
         self.decisions = decisions
         self.watch = watch
         self.pipes: dict[int, RankStream] = {}
+        self.dump = dump  # dumps every running rank's stack (ddpboot/launch/stacks/), saying why
+        self.snapshot = snapshot  # the running ranks' stacks as a fingerprint, quietly (None: not all were read)
+        self.output_bytes = 0  # everything the ranks wrote: progress, for --stall-timeout
 
     @property
     def workers(self) -> list[Worker]:
@@ -178,6 +195,7 @@ class AttemptLoop:
         silent = any(w.status is None and w.out.closed and w.err.closed for w in self.workers)
         # Exits read while a rank was being started are waiting: no blocking.
         timeout = 0.0 if self.procs.starter.has_exits() else self.decisions.wait_time(self.clock(), silent)
+        timeout = self.console.wait_time(timeout)  # a quiet progress bar's held-back state, due in a log
         for key, _ in self.sel.select(timeout):
             if key.data == SIGNALS_KEY:
                 self._read_signals()
@@ -186,6 +204,7 @@ class AttemptLoop:
             # the zygote's socket: its exit reports are read when reaping
 
     def _after_wait(self) -> None:
+        self.console.show_due()
         d = self.decisions
         exited = self.procs.reap()
         self.carry_out(d.workers_exited([(self.workers.index(w), w.code) for w in exited], self.clock()))
@@ -196,7 +215,19 @@ class AttemptLoop:
             self.carry_out(d.watch_answered(self.watch(), self.clock()))
         if self.procs.guardian_code is not None:
             d.guardian_died(self.procs.guardian_code)
+        if d.sample_due(self.clock()):
+            samples = self._cpu()
+            d.progress(self.clock(), {i: s[0] for i, s in samples.items()}, self.output_bytes,
+                       any(s[1] for s in samples.values()))
         self.carry_out(d.tick(self.clock()))
+
+    def _cpu(self) -> dict[int, tuple[float, bool]]:
+        out = {}
+        for i, w in enumerate(self.workers):
+            cpu = cpu_seconds(w.pid) if w.pid and w.status is None else None
+            if cpu is not None:
+                out[i] = cpu
+        return out
 
     def _read_signals(self) -> None:
         for info in self.sigfd.read():
@@ -212,6 +243,12 @@ class AttemptLoop:
                     self.procs.signal_group(self.workers[i], action.signo)
             elif isinstance(action, Say):
                 self.console.message(action.text)
+            elif isinstance(action, DumpStacks):
+                if self.dump is not None:
+                    self.dump(action.reason)
+            elif isinstance(action, Snapshot):
+                fingerprint = self.snapshot() if self.snapshot is not None else None
+                self.carry_out(self.decisions.snapshot_taken(self.clock(), fingerprint))
             else:
                 report_unkillable(self.workers, self.console)
 
@@ -233,6 +270,7 @@ class AttemptLoop:
                 stream.close()
                 return
             stream.feed(data)
+            self.output_bytes += len(data)
             if not final and len(data) < CHUNK:
                 return
 

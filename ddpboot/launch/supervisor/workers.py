@@ -95,6 +95,7 @@ def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[W
         restart_count=attempt,
         max_restarts=spec.max_restarts,
         signals=",".join(s.name for s in spec.signals),
+        trace_dir=str(attempt_dir.resolve()) if setup.with_files else "",
     )
     return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
 

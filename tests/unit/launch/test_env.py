@@ -19,6 +19,7 @@ CONTRACT = {
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "DDPBOOT_LOCAL_RANK", "DDPBOOT_GPU_UUIDS", "DDPBOOT_ISOLATION",
+    "DDPBOOT_STACKS",
 }
 CTX = EnvContext("127.0.0.1", 41234, "run-1", "trainer", 2, 3, "SIGTERM,SIGINT")
 
@@ -104,3 +105,25 @@ def test_worker_command_lines() -> None:
 def test_only_the_local_rank_macro_is_replaced(args: list[str], rank: int) -> None:
     out = substitute_local_rank(args, rank)
     assert [a.replace("${local_rank}", str(rank)) for a in args] == out
+
+
+def test_every_rank_gets_its_own_stacks_file_beside_its_error_file() -> None:
+    from ddpboot.contract import RANK_STACKS_SIGNAL
+
+    specs = [env["DDPBOOT_STACKS"] for env in all_vars(plan(2))]
+    assert specs == [f"{int(RANK_STACKS_SIGNAL)}:/logs/rank{r}.stacks" for r in range(2)]
+
+
+def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
+    from dataclasses import replace
+
+    p = plan(1)
+    slot = p.ranks[0]
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in worker_vars(p, slot, CTX, {}, "/e")  # no --log-dir: nothing
+    traced = replace(CTX, trace_dir="/logs/run/attempt_0")
+    env = worker_vars(p, slot, traced, {}, "/e")
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
+    mine = worker_vars(p, slot, traced, {"TORCH_FR_BUFFER_SIZE": "50", "TORCH_FR_DUMP_TEMP_FILE": "/x/"}, "/e")
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in mine and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in mine
+    assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"

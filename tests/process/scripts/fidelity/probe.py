@@ -55,7 +55,7 @@ def main() -> None:
         h = signal.getsignal(sig)
         handlers[int(sig)] = h if isinstance(h, int) else getattr(h, "__name__", repr(h))
     main_mod = sys.modules["__main__"]
-    skip = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+    skip = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "DDPBOOT_STACKS")
     report = {
         "rank": dist.get_rank(),
         "allreduce": t.tolist(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import signal
 
+from ddpboot.contract import STACKS_SIGNAL
 from ddpboot.launch.procs.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo
 from ddpboot.launch.supervisor.decisions import (
     EXITING_GRACE,
@@ -12,9 +13,11 @@ from ddpboot.launch.supervisor.decisions import (
     STUCK_REPORT,
     AttemptDecisions,
     AttemptOutcome,
+    DumpStacks,
     ReportStuck,
     Say,
     SignalGroups,
+    Snapshot,
     Timing,
     after_attempt,
     job_code,
@@ -265,3 +268,135 @@ def test_without_deadlines_the_loop_waits_for_events() -> None:
     d = decisions(n=2)
     assert d.wait_time(0.0) is None
     assert d.wait_time(0.0, silent_worker=True) == 0.1
+
+
+# --- stack dumps and --stall-timeout ---------------------------------------------------------------------
+
+
+def dumps(actions: list[object]) -> list[str]:
+    return [a.reason for a in actions if isinstance(a, DumpStacks)]
+
+
+def stalling(timeout: float = 10.0, n: int = 2) -> AttemptDecisions:
+    return AttemptDecisions(list(range(n)), Timing(3.0, 0.1, None, timeout), 0.0, ForwardPolicy(),
+                            lambda i: math.inf)
+
+
+def test_the_stacks_signal_dumps_and_is_neither_forwarded_nor_a_stop() -> None:
+    d = decisions()
+    actions = d.signal_received(SignalInfo(STACKS_SIGNAL, 0, USER_PID), 1.0, "bash", False)
+    assert dumps(actions) == [f"SIGUSR2 from pid {USER_PID} (bash)"]
+    assert signalled(actions) == [] and not d.stopping
+    assert "not forwarded" in said(actions)
+
+
+def test_the_stacks_signal_is_forwarded_when_the_signals_option_lists_it() -> None:
+    d = AttemptDecisions([0, 1], Timing(TIMEOUT, 0.1), 0.0, ForwardPolicy(forward_stacks=True), lambda i: math.inf)
+    actions = d.signal_received(SignalInfo(STACKS_SIGNAL, 0, USER_PID), 1.0, "bash", False)
+    assert dumps(actions) == [] and signalled(actions) == [((0, 1), STACKS_SIGNAL)]
+
+
+def test_slurm_sigterm_dumps_first_and_its_sigusr2_is_left_alone() -> None:
+    d = decisions()
+    actions = d.signal_received(SignalInfo(signal.SIGUSR2, 0, USER_PID), 1.0, "slurmstepd", False)
+    assert dumps(actions) == [] and signalled(actions) == []
+    actions = d.signal_received(SignalInfo(signal.SIGTERM, 0, USER_PID), 2.0, "slurmstepd", False)
+    assert dumps(actions) and d.stopping
+    assert dumps(d.tick(2.0 + TIMEOUT)) == []  # dumped once while stopping: not again before SIGKILL
+
+
+def test_ranks_still_running_at_the_kill_deadline_are_dumped_before_sigkill() -> None:
+    d = decisions(n=3)
+    d.workers_exited([(1, 5)], 1.0)  # rank 1 fails: the others get SIGTERM
+    d.workers_exited([(0, 143)], 2.0)  # rank 0 goes; rank 2 ignores SIGTERM
+    actions = d.tick(1.0 + TIMEOUT)
+    assert dumps(actions) == [f"rank 2 still running {TIMEOUT:g} s after being asked to stop"]
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds.index("DumpStacks") < kinds.index("SignalGroups")
+    assert signalled(actions) == [((0, 1, 2), signal.SIGKILL)]  # every group not seen empty
+
+
+def test_no_dump_at_the_kill_deadline_when_every_rank_has_exited() -> None:
+    d = decisions(n=2)
+    d.workers_exited([(0, 5)], 1.0)
+    d.workers_exited([(1, 143)], 2.0)
+    assert dumps(d.tick(1.0 + TIMEOUT)) == []
+
+
+def test_stall_timeout_dumps_and_stops_after_that_long_without_progress() -> None:
+    d = stalling(timeout=10.0)
+    now = 0.0
+    while not d.sample_due(now):
+        now += 0.5
+    d.progress(now, {0: 1.0, 1: 1.0}, 100)  # first sample: output since the start counts
+    for t in (3.0, 6.0, 9.0):
+        d.progress(t, {0: 1.01, 1: 1.0}, 100)  # a sliver of CPU, no output
+        assert dumps(d.tick(t)) == [] and not d.stopping
+    actions = d.tick(now + 10.0)
+    assert dumps(actions) == ["no progress for 10 s, --stall-timeout"]
+    assert signalled(actions) == [((0, 1), signal.SIGTERM)] and d.stalled
+    assert dumps(d.tick(now + 10.0 + 3.0)) == []  # SIGKILL follows without a second dump
+
+
+def test_busy_cpu_output_and_exits_are_progress() -> None:
+    d = stalling(timeout=10.0)
+    d.progress(2.0, {0: 1.0, 1: 1.0}, 0)
+    d.progress(8.0, {0: 4.0, 1: 1.0}, 0)  # rank 0 computed: a quiet step, not a stall
+    assert dumps(d.tick(17.0)) == [] and not d.stopping
+    d.progress(16.0, {0: 4.0, 1: 1.0}, 10)  # output
+    assert dumps(d.tick(25.0)) == [] and not d.stopping
+    d.workers_exited([(1, 0)], 24.0)
+    d.progress(24.0, {0: 4.0}, 10)  # a rank exited
+    assert dumps(d.tick(33.0)) == [] and not d.stopping
+    assert dumps(d.tick(34.0))
+
+
+def snapshots(actions: list[object]) -> int:
+    return sum(isinstance(a, Snapshot) for a in actions)
+
+
+def test_a_quiet_job_whose_ranks_spin_is_stalled_when_their_stacks_stay_the_same() -> None:
+    d = stalling(timeout=8.0)
+    cpu = 0.0
+    asked: list[float] = []
+    for step in range(1, 40):
+        now = step * 0.5
+        cpu += 0.5  # a core spinning in every rank: CPU time never says stalled
+        d.progress(now, {0: cpu, 1: cpu}, 0)
+        actions = d.tick(now)
+        if snapshots(actions):
+            asked.append(now)
+            actions = d.snapshot_taken(now, ("same", "stacks"))
+        if dumps(actions):
+            break
+    assert asked[0] == 4.0  # quiet for half the timeout
+    assert dumps(actions) == ["no progress for 8 s, --stall-timeout"] and now == 8.0
+    assert "the same stacks in every rank" in said(actions)
+
+
+def test_moving_or_unreadable_stacks_are_no_stall() -> None:
+    for fingerprints in (lambda n: ("line", n), lambda n: None):
+        d = stalling(timeout=8.0)
+        cpu = 0.0
+        for step in range(1, 60):
+            now = step * 0.5
+            cpu += 0.5
+            d.progress(now, {0: cpu, 1: cpu}, 0)
+            if snapshots(d.tick(now)):
+                assert d.snapshot_taken(now, fingerprints(step)) == []
+        assert not d.stopping
+
+
+def test_without_stall_timeout_nothing_is_sampled() -> None:
+    d = decisions()
+    assert not d.sample_due(1e9) and d.wait_time(0.0) is None
+    assert d.tick(1e9) == []
+
+
+def test_a_rank_waiting_for_a_core_is_busy_on_a_crowded_machine() -> None:
+    d = stalling(timeout=10.0)
+    for t in range(1, 30):
+        d.progress(float(t), {0: 1.0 + t * 0.01, 1: 1.0}, 0, running=True)  # runnable, but barely gets a core
+        assert dumps(d.tick(float(t))) == []
+    d.progress(30.0, {0: 1.3, 1: 1.0}, 0)
+    assert dumps(d.tick(40.0))

@@ -1,0 +1,102 @@
+"""One stack dump: collect every live rank's stack, summarise, write `stacks-N.txt` and `stacks-N.json` into the
+run directory and print the text on the launcher's console (and so into its log). The text's last line starts with
+STACKS_END_LINE; the JSON file appears last (written whole, then renamed), so a reader that waits for it reads a
+complete dump.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.stacks.collect import RankStack, RankTarget, collect
+from ddpboot.launch.stacks.summary import describe, main_frames, parse
+
+
+@dataclass(frozen=True)
+class Dump:
+    reason: str
+    stacks: list[RankStack]
+    seconds: float
+
+    def summary_lines(self) -> list[str]:
+        return [summary_line(s) for s in self.stacks]
+
+    def text(self) -> str:
+        backends = sorted({s.backend for s in self.stacks if s.backend}) or ["none"]
+        lines = [f"ddpboot: stacks of every rank ({self.reason}; backend: {', '.join(backends)})"]
+        lines += [f"ddpboot:   {line}" for line in self.summary_lines()]
+        for s in self.stacks:
+            t = s.target
+            lines.append(f"--- rank {t.rank} ({t.gpus}, pid {t.pid}, {s.backend or 'no stack'}) ---")
+            body = s.text.rstrip("\n") if s.text else f"(no stack: {s.problem})"
+            lines += [f"[rank{t.rank}]: {ln}" for ln in body.splitlines()]
+        n = len(self.stacks)
+        lines.append(f"{STACKS_END_LINE} ({n} rank{'s' if n != 1 else ''}, {self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "seconds": round(self.seconds, 3),
+            "ranks": [{"rank": s.target.rank, "pid": s.target.pid, "gpus": s.target.gpus, "backend": s.backend,
+                       "summary": describe(parse(s.text), source_line) if s.text else None, "problem": s.problem,
+                       "stack": s.text} for s in self.stacks],
+        }
+
+
+def fingerprint(dump: Dump) -> tuple[object, ...] | None:
+    """Each rank's main-thread frames, to compare two snapshots; None when a rank's stack could not be read."""
+    if any(not s.text for s in dump.stacks):
+        return None
+    return tuple((s.target.pid, main_frames(parse(s.text))) for s in dump.stacks)
+
+
+def source_line(file: str, line: int) -> str:
+    """A frame's source line; py-spy shortens paths (`hang_job.py`), so an unreadable one is simply unknown."""
+    return linecache.getline(file, line).strip() if file.startswith("/") else ""
+
+
+def summary_line(s: RankStack) -> str:
+    t = s.target
+    where = describe(parse(s.text), source_line) if s.text else f"no stack ({s.problem})"
+    return f"rank {t.rank} ({t.gpus}, pid {t.pid}): {where}"
+
+
+def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str]) -> Dump:
+    t0 = time.monotonic()
+    stacks = collect(targets, env, native=env.get("DDPBOOT_STACKS_NATIVE", "") == "1")
+    return Dump(reason, stacks, time.monotonic() - t0)
+
+
+def next_paths(run_dir: Path) -> tuple[Path, Path]:
+    """The next stacks-N.txt and stacks-N.json in the run directory."""
+    n = 1
+    while (run_dir / f"stacks-{n}.json").exists() or (run_dir / f"stacks-{n}.txt").exists():
+        n += 1
+    return run_dir / f"stacks-{n}.txt", run_dir / f"stacks-{n}.json"
+
+
+def write(dump: Dump, run_dir: Path, say: Callable[[str], None]) -> Path | None:
+    """Print the dump and write its files; the text file's path (None when the directory cannot be written)."""
+    text_path, json_path = next_paths(run_dir)
+    text = dump.text()
+    try:
+        text_path.write_text(text + "\n", encoding="utf-8")
+        tmp = json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(dump.to_json(), indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, json_path)
+    except OSError as exc:
+        say(f"ddpboot: cannot write the stacks into {run_dir}: {exc}")
+        say(text)
+        return None
+    head, _, rest = text.partition("\n")
+    say(f"{head}\nddpboot: stacks in {text_path}\n{rest}")
+    return text_path

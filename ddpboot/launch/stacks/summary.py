@@ -1,0 +1,135 @@
+"""Stack texts (py-spy's `dump` or faulthandler's) → frames → the one line per rank a person reads first. Pure.
+
+The relevant frame is the innermost call into torch.distributed that waits for peers: a collective, a barrier,
+point-to-point, the process group's creation (the rendezvous waits on the store) or its destruction. The thread
+shown is the main thread (py-spy names it; in faulthandler's text it is the one that runs `<module>`) unless only
+another thread waits in torch.distributed. A call that runs in C++ shows no frame of its own (`work.wait()`, or a
+process group's destructor while `destroy_process_group()` returns): when the innermost frame is the script's, its
+source line (read through `source`) names the call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+WAITS = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+    "scatter", "scatter_object_list", "gather", "gather_object", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "send", "recv", "send_object_list", "recv_object_list", "batch_isend_irecv",
+    "destroy_process_group", "init_process_group", "new_group", "_store_based_barrier", "rendezvous",
+    "_create_c10d_store", "_env_rendezvous_handler",
+})
+"""torch.distributed functions that wait for the other ranks."""
+STORE_WAITS = frozenset({"_store_based_barrier", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler"})
+"""... of which those that wait on the store (shown as `init_process_group (waiting on the store)`)."""
+
+_LIBRARY_DIRS = ("/torch/", "/site-packages/", "/dist-packages/", "/ddpboot/", "/lib/python3")
+_PYSPY_THREAD = re.compile(r'^Thread (\S+) \(([^)]*)\)(?::\s*"(.*)")?')
+_PYSPY_FRAME = re.compile(r"^\s{4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
+_CALL = re.compile(r"\b(\w+)\s*\(")
+Source = Callable[[str, int], str]  # (file, line) -> that line's text, "" when unknown
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int | None = None
+
+    @property
+    def is_distributed(self) -> bool:
+        return "torch/distributed/" in self.file
+
+    @property
+    def is_user(self) -> bool:
+        path = "/" + self.file.lstrip("/")
+        return not any(d in path for d in _LIBRARY_DIRS) and not self.file.startswith(("<", "torch/"))
+
+    def where(self) -> str:
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}" if self.line is not None else self.file
+
+
+@dataclass
+class Thread:
+    name: str
+    frames: list[Frame]  # innermost first
+    main: bool = False
+
+
+def parse(text: str) -> list[Thread]:
+    """The threads of one process's stack text, py-spy's or faulthandler's; innermost frame first in each."""
+    threads: list[Thread] = []
+    for line in text.splitlines():
+        m = _PYSPY_THREAD.match(line)
+        if m:
+            threads.append(Thread(m.group(3) or m.group(1), [], main=m.group(3) == "MainThread"))
+            continue
+        m = _FH_THREAD.match(line)
+        if m:
+            threads.append(Thread(m.group(2), []))
+            continue
+        if not threads:
+            continue
+        m = _FH_FRAME.match(line)
+        if m:
+            threads[-1].frames.append(Frame(m.group(3), m.group(1), int(m.group(2))))
+            continue
+        m = _PYSPY_FRAME.match(line)
+        if m:
+            threads[-1].frames.append(Frame(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+    if threads and not any(t.main for t in threads):
+        for t in threads:
+            t.main = any(f.function == "<module>" for f in t.frames)
+    return threads
+
+
+def main_frames(threads: list[Thread]) -> tuple[Frame, ...]:
+    """The main thread's frames (every thread's when none is known to be the main one)."""
+    main = [t for t in threads if t.main] or threads
+    return tuple(f for t in main for f in t.frames)
+
+
+def waiting_frame(thread: Thread) -> Frame | None:
+    """The innermost torch.distributed frame of a function that waits for peers."""
+    return next((f for f in thread.frames if f.is_distributed and f.function in WAITS), None)
+
+
+def describe(threads: list[Thread], source: Source | None = None) -> str:
+    """`all_reduce, called from train.py:14 in step`; or, waiting in nothing known, the main thread's innermost
+    frame (and the torch.distributed call its source line makes); `no Python frames` when the text had none."""
+    ordered = sorted(threads, key=lambda t: not t.main)
+    for t in ordered:
+        frame = waiting_frame(t)
+        if frame is not None:
+            what = frame.function
+            if what in STORE_WAITS:
+                what = "init_process_group (waiting on the store)"
+            return what + _caller(t, frame)
+    for t in ordered:
+        if t.frames:
+            inner = t.frames[0]
+            called = _called(inner, source)
+            if called is not None:
+                return f"{called}, called from {inner.where()} in {inner.function} (no Python frame of its own)"
+            return f"not in torch.distributed: {inner.function} at {inner.where()}"
+    return "no Python frames"
+
+
+def _called(frame: Frame, source: Source | None) -> str | None:
+    """The waiting torch.distributed function (or `.wait()`) that the source line of a script's frame calls."""
+    if source is None or frame.line is None or not frame.is_user:
+        return None
+    names = _CALL.findall(source(frame.file, frame.line))
+    return next((n if n != "wait" else "wait (a collective's Work)" for n in names if n in WAITS or n == "wait"),
+                None)
+
+
+def _caller(thread: Thread, frame: Frame) -> str:
+    below = thread.frames[thread.frames.index(frame) + 1:]
+    user = next((f for f in below if f.is_user), None)
+    return f", called from {user.where()} in {user.function}" if user is not None else ""

@@ -1,0 +1,65 @@
+"""Finding a running job for `ddpboot stacks`: by run directory, pid or run id, or the only one running."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.stacks import find as finder
+from ddpboot.launch.stacks.find import RECORD, RunRecord, find, publish, unpublish
+
+
+def test_a_run_directory_with_a_live_launcher_is_found_and_unpublished(tmp_path: Path) -> None:
+    me = RunRecord(os.getpid(), "run-7", tmp_path)
+    publish(me)
+    assert find(str(tmp_path)) == me
+    unpublish(me)
+    assert not (tmp_path / RECORD).exists()
+    with pytest.raises(UsageError, match="is no running ddpboot job's pid"):
+        find(str(tmp_path))
+
+
+def test_a_dead_launchers_record_is_not_running(tmp_path: Path) -> None:
+    publish(RunRecord(2**22 + 11, "run-8", tmp_path))  # no such process
+    with pytest.raises(UsageError, match="is not running"):
+        find(str(tmp_path))
+
+
+def test_without_run_the_only_job_or_a_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = [RunRecord(11, "a", tmp_path), RunRecord(12, "b", tmp_path)]
+    monkeypatch.setattr(finder, "running", lambda: jobs[:1])
+    assert find(None) == jobs[0] and find("11") == jobs[0] and find("a") == jobs[0]
+    monkeypatch.setattr(finder, "running", lambda: jobs)
+    with pytest.raises(UsageError, match=r"2 ddpboot jobs are running: pid 11 \(run id a\); pid 12"):
+        find(None)
+    assert find("b") == jobs[1]
+    monkeypatch.setattr(finder, "running", list)
+    with pytest.raises(UsageError, match="no running ddpboot job of this user"):
+        find(None)
+
+
+def test_running_jobs_are_found_from_their_ranks_environment(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    attempt = tmp_path / "attempt_0"
+    attempt.mkdir()
+    publish(RunRecord(os.getpid(), "run-9", tmp_path))
+    monkeypatch.setattr(finder, "stacks_paths", lambda: {attempt / "rank0.stacks", attempt / "rank1.stacks"})
+    assert finder.running() == [RunRecord(os.getpid(), "run-9", tmp_path)]
+
+
+def test_a_rank_process_is_seen_through_proc(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ddpboot.contract import STACKS_VAR
+
+    path = tmp_path / "attempt_0" / "rank3.stacks"
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env={STACKS_VAR: f"37:{path}"})
+    try:
+        assert path in finder.stacks_paths()
+    finally:
+        child.communicate(b"")

@@ -1,0 +1,83 @@
+"""The summary line from stack texts captured from real hung gloo ranks (py-spy 0.4 and faulthandler, Python 3.11,
+torch 2.13)."""
+
+from __future__ import annotations
+
+from ddpboot.launch.stacks.summary import describe, parse
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
+
+PYSPY_BARRIER = f"""Process 5588: /venv/bin/python3 -u /jobs/hang_job.py barrier
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 5588 (idle): "MainThread"
+    barrier ({TORCH}/distributed_c10d.py:5356)
+    _exception_logger.<locals>.wrapper ({TORCH}/c10d_logger.py:83)
+    barrier (/jobs/hang_job.py:23)
+    main (/jobs/hang_job.py:46)
+    <module> (/jobs/hang_job.py:50)
+Thread 5601 (idle): "data-loader"
+    wait (/usr/lib/python3.11/threading.py:320)
+"""
+
+PYSPY_SLEEPING = """Thread 5589 (active+gil): "MainThread"
+    sleep_elsewhere (/jobs/hang_job.py:18)
+    barrier (/jobs/hang_job.py:25)
+    <module> (/jobs/hang_job.py:50)
+"""
+
+FAULTHANDLER_RECV = f"""Thread 0x00007f40b0bff640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f40c447cb80 (most recent call first):
+  File "{TORCH}/distributed_c10d.py", line 2799 in recv
+  File "{TORCH}/c10d_logger.py", line 83 in wrapper
+  File "/jobs/hang_job.py", line 39 in deadlock
+  File "/jobs/hang_job.py", line 50 in <module>
+  File "/ddpboot/launch/faststart/zygote.py", line 182 in _run_target
+"""
+
+FAULTHANDLER_DESTROY = """Current thread 0x00007fda201bdb80 (most recent call first):
+  File "/jobs/job.py", line 10 in <module>
+"""
+
+PYSPY_RENDEZVOUS = f"""Thread 77 (idle): "MainThread"
+    _create_c10d_store ({TORCH}/rendezvous.py:198)
+    _env_rendezvous_handler ({TORCH}/rendezvous.py:275)
+    init_process_group ({TORCH}/distributed_c10d.py:1710)
+    init (/ddpboot/worker/start.py:50)
+    main (/jobs/train.py:7)
+"""
+
+
+def test_py_spy_names_the_collective_and_the_scripts_caller() -> None:
+    threads = parse(PYSPY_BARRIER)
+    assert [t.name for t in threads] == ["MainThread", "data-loader"] and threads[0].main
+    assert describe(threads) == "barrier, called from hang_job.py:23 in barrier"
+
+
+def test_a_rank_outside_torch_distributed_shows_its_innermost_frame() -> None:
+    assert describe(parse(PYSPY_SLEEPING)) == "not in torch.distributed: sleep_elsewhere at hang_job.py:18"
+
+
+def test_faulthandler_text_main_thread_is_the_one_running_module() -> None:
+    threads = parse(FAULTHANDLER_RECV)
+    assert [t.main for t in threads] == [False, True]
+    assert describe(threads) == "recv, called from hang_job.py:39 in deadlock"
+
+
+def test_a_call_without_a_python_frame_is_named_from_the_source_line() -> None:
+    lines = {("/jobs/job.py", 10): "    dist.destroy_process_group()"}
+    text = describe(parse(FAULTHANDLER_DESTROY), lambda f, n: lines.get((f, n), ""))
+    assert text == "destroy_process_group, called from job.py:10 in <module> (no Python frame of its own)"
+    assert describe(parse(FAULTHANDLER_DESTROY)) == "not in torch.distributed: <module> at job.py:10"
+
+
+def test_waiting_on_the_store_is_said_as_such() -> None:
+    assert describe(parse(PYSPY_RENDEZVOUS)) == (
+        "init_process_group (waiting on the store), called from train.py:7 in main")
+
+
+def test_no_frames() -> None:
+    assert describe(parse("")) == "no Python frames"
+    assert describe(parse("Thread 5 (idle): \"MainThread\"\n")) == "no Python frames"
