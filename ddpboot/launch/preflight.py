@@ -127,11 +127,24 @@ def _check_binary(name: str, env: Mapping[str, str], cwd: Path) -> str:
 RANKS_PER_CORE = 16  # beyond this, ranks mostly wait for a core: start-up alone takes minutes, collectives time out
 FDS_PER_RANK = 4  # the launcher's ends of each rank's stdout and stderr pipes, its log files, its process handle
 PROCS_PER_RANK = 1
+STORE_CONNECTIONS_PER_RANK = 2
+"""Connections one rank holds to the job's store: 1 measured (the default process group's TCPStore client, gloo and
+NCCL alike; its PrefixStores share it), and 1 more for a group split off it (`split_group` clones the client)."""
+FILES_MARGIN = 64  # the process's own files: interpreter, stdio, the listener, epoll, netlink, logs
+
+
+def open_files_needed(local_ranks: int, served_ranks: int, nnodes: int = 1) -> int:
+    """Files the most loaded of the launcher's processes holds open: the launcher itself (FDS_PER_RANK per local
+    rank) or the store server (STORE_CONNECTIONS_PER_RANK per rank it serves, and one per node's check-in)."""
+    launcher = local_ranks * FDS_PER_RANK + FILES_MARGIN
+    store = served_ranks * STORE_CONNECTIONS_PER_RANK + nnodes + FILES_MARGIN if served_ranks else 0
+    return max(launcher, store)
 
 
 def check_rank_count(ranks: int, oversubscribe: bool) -> None:
-    """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows, more open files than
-    RLIMIT_NOFILE allows the launcher, or (unless `oversubscribe`) more than RANKS_PER_CORE ranks per usable core."""
+    """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows, or (unless
+    `oversubscribe`) more than RANKS_PER_CORE ranks per usable core. The open-file limit is checked once the plan
+    says how many ranks this node runs and its store serves (ensure_open_files, before the store listens)."""
     import resource
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -142,16 +155,39 @@ def check_rank_count(ranks: int, oversubscribe: bool) -> None:
             f"(ulimit -u, RLIMIT_NPROC) is {nproc_limit}, counting the ones you already run. Ask for fewer ranks, "
             "or raise the limit (ulimit -u) before starting ddpboot."
         )
-    files_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if files_limit != resource.RLIM_INFINITY and ranks * FDS_PER_RANK + 64 > files_limit:
-        raise UsageError(
-            f"--nproc {ranks}: the launcher keeps about {FDS_PER_RANK} files open per rank, "
-            f"{ranks * FDS_PER_RANK + 64} in all, but the open-file limit (ulimit -n, RLIMIT_NOFILE) is {files_limit}. "
-            f"Ask for at most {(files_limit - 64) // FDS_PER_RANK} ranks, or raise the limit (ulimit -n)."
-        )
     if not oversubscribe and ranks > RANKS_PER_CORE * cores:
         raise UsageError(
             f"--nproc {ranks}: {ranks} ranks on {cores} usable CPU core{'s' if cores != 1 else ''} is more than "
             f"{RANKS_PER_CORE} per core, where start-up alone takes minutes and collectives time out. Ask for at "
             f"most {RANKS_PER_CORE * cores} ranks, or add --oversubscribe to start them anyway."
         )
+
+
+def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1) -> None:
+    """Make the soft RLIMIT_NOFILE hold open_files_needed(): raise it up to the hard limit without a word (the
+    store's server and the workers inherit it), or raise a UsageError with the numbers and what to raise when even
+    the hard limit is too low. `served_ranks`: the job's ranks on every node where this node serves the store,
+    else 0."""
+    import resource
+
+    needed = open_files_needed(local_ranks, served_ranks, nnodes)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+        return
+    asked = f"--nproc {local_ranks}" + (f" on {nnodes} nodes" if nnodes > 1 else "")
+    if served_ranks and needed > local_ranks * FDS_PER_RANK + FILES_MARGIN:
+        what = (f"this node's store serves all {served_ranks} ranks and needs about {needed} open files "
+                f"({STORE_CONNECTIONS_PER_RANK} connections per rank, 1 per node, {FILES_MARGIN} of its own)")
+        fits = f"at most {max((hard - FILES_MARGIN - nnodes) // STORE_CONNECTIONS_PER_RANK, 0)} ranks in all"
+    else:
+        what = f"the launcher keeps about {FDS_PER_RANK} files open per rank, {needed} in all"
+        fits = f"at most {max((hard - FILES_MARGIN) // FDS_PER_RANK, 0)} ranks"
+    fewer = f"Ask for {fits}, or raise" if not fits.startswith("at most 0 ") else "Raise"
+    raise UsageError(
+        f"{asked}: {what}, but the open-file limit (ulimit -n, RLIMIT_NOFILE) is {soft} (hard limit {hard}). "
+        f"{fewer} the hard limit to at least {needed}: `ulimit -Hn {needed}` as root before "
+        f"starting ddpboot, LimitNOFILE={needed} in a systemd unit, or a `nofile` line in /etc/security/limits.conf."
+    )

@@ -19,9 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpboot.contract import STOP_SIGNALS
+from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig
 from ddpboot.launch.logs import run_dir
+from ddpboot.launch.preflight import ensure_open_files
 from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.nodes.launcher import bind_node_store, new_run_id
@@ -58,7 +59,7 @@ def block_early(signals: tuple[signal.Signals, ...]) -> None:
     supervisor would never learn that a worker exited) and a SIGTERM kills the launcher with its default action.
     Blocked everywhere, they wait for the supervisor's signalfd. Until then, a stop signal is seen by
     `sleep_unless_stopped` while waiting for GPUs; planning otherwise takes well under a second."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {*signals, signal.SIGCHLD})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*signals, STACKS_SIGNAL, signal.SIGCHLD})
 
 
 def stop_if_signalled() -> None:
@@ -156,8 +157,12 @@ def _run(config: LaunchConfig) -> int:
             return run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=config.rdzv_id,
                                rdzv_backend=config.rdzv_backend, rdzv_conf=dict(config.rdzv_conf),
                                max_restarts=config.max_restarts, log_dir=str(log_dir) if log_dir else None,
-                               supervisor_kwargs={"fast_start": fast_start, "log_mode": config.output.log_mode})
+                               supervisor_kwargs={"fast_start": fast_start, "log_mode": config.output.log_mode,
+                                                  "stall_timeout": config.stall_timeout})
         stop_if_signalled()
+        # before the store listens: room for this node's ranks and, on node 0, every rank's store connection
+        ensure_open_files(len(plan.ranks), len(plan.ranks) * nodes.nnodes if nodes.node_rank == 0 else 0,
+                          nodes.nnodes)
         listener = bind_node_store(nodes, config.store_address)
         stack.callback(listener.close)
         allow, allow_notes = store_allow_list(nodes, env, config.store_allow, config.store)
@@ -174,7 +179,8 @@ def _run(config: LaunchConfig) -> int:
         fast_start = stack.enter_context(_fast_start(config, plan))
         supervisor = Supervisor(spec, plan, listener, env, workdir, temporary,
                                 before_start=_node_check(config, plan), fast_start=fast_start,
-                                log_mode=config.output.log_mode, store_allow=allow)
+                                log_mode=config.output.log_mode, store_allow=allow,
+                                stall_timeout=config.stall_timeout)
         return supervisor.run()
 
 

@@ -78,11 +78,14 @@ def check_nodes(
                     "with the same --nnodes, --master-addr and --master-port and node ranks 0.."
                     f"{nnodes - 1} (or raise the deadline: --rdzv-conf join_timeout=SECONDS)."
                 ) from None
+            # Every node's entry and claim count in one request (each node added its claim before its entry): a
+            # GET per key would be 4 × nnodes round trips per node, 4 × nnodes² requests to node 0's store.
+            values = client.multi_get(keys + [f"{PREFIX}/{r}/claims" for r in range(nnodes)])
             sizes = {}
             for r in range(nnodes):
-                count, _, where_r = client.get(keys[r]).decode().partition(" ")
+                count, _, where_r = values[r].decode().partition(" ")
                 sizes[r] = (int(count), where_r)
-            dup = [r for r in range(nnodes) if int(client.get(f"{PREFIX}/{r}/claims")) > 1]
+            dup = [r for r in range(nnodes) if int(values[nnodes + r]) > 1]
             # Node 0's store must outlive everyone's reading: if node 0 found a mismatch and exited at once, the
             # others would only see the store vanish. So each node says it has read, and node 0 waits for that.
             client.set(f"{PREFIX}/{node_rank}/read", "1")

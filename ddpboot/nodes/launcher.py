@@ -57,7 +57,7 @@ def launcher_nodes(
     c10d rendezvous (launch/elastic/), which decides the node rank at each round."""
     text = "1" if options.nnodes is None else options.nnodes
     low, high = parse_node_range(text)
-    if low != high:
+    if low != high or _rendezvous_numbers_nodes(options, low, env):
         unused = {"--node-rank": options.node_rank, "--master-addr": options.master_addr,
                   "--master-port": options.master_port}
         return elastic_nodes(text.strip(), low, high, options.rdzv_endpoint, standalone=options.standalone,
@@ -76,8 +76,17 @@ def launcher_nodes(
             "round, which static multi-node jobs do not have yet. Drop --max-restarts (under SLURM, requeue the job: "
             "scripts/slurm/requeue.sbatch), or restart on one node."
         )
-    check_resolvable(nodes.master_addr, timeout=5.0)
+    check_resolvable(nodes.master_addr, timeout=5.0,
+                     option="MASTER_ADDR" if nodes.source == "kubernetes" else "--master-addr")
     return nodes
+
+
+def _rendezvous_numbers_nodes(options: NodeOptions, count: int, env: Mapping[str, str]) -> bool:
+    """A fixed node count through c10d without a node rank (torchrun's `--nnodes N --rdzv-backend c10d`): the
+    rendezvous numbers the nodes, as for the range N:N. With --node-rank or --master-addr, or inside a SLURM step
+    (which numbers the nodes), the endpoint stands for node 0's store address instead."""
+    return (count > 1 and options.rdzv_backend.strip().lower() == "c10d" and bool(options.rdzv_endpoint)
+            and options.node_rank is None and options.master_addr is None and not in_srun_step(env))
 
 
 def _fixed_nodes(options: NodeOptions, nnodes: int | None, env: Mapping[str, str]) -> NodeSetup:

@@ -56,6 +56,7 @@ class Connection:
     need: int = 1  # bytes inbuf must hold before the next request is worth parsing
     outbuf: bytearray = field(default_factory=bytearray)
     waiting: set[bytes] = field(default_factory=set)
+    writing: bool = False  # registered for EVENT_WRITE too: answers wait for room in the socket's send buffer
 
     def answer(self, data: bytes) -> None:
         self.outbuf += data

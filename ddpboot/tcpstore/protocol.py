@@ -64,18 +64,27 @@ class Reader:
         self.pos = end
         return out
 
+    def _number(self, kind: struct.Struct) -> int:
+        """A fixed-size number at the read position, unpacked in place (no copy)."""
+        end = self.pos + kind.size
+        if end > len(self.buf):
+            raise NeedMore(end)
+        value = int(kind.unpack_from(self.buf, self.pos)[0])
+        self.pos = end
+        return value
+
     def u8(self) -> int:
-        return int(U8.unpack(self._take(1))[0])
+        return self._number(U8)
 
     def u32(self) -> int:
-        return int(U32.unpack(self._take(4))[0])
+        return self._number(U32)
 
     def i64(self) -> int:
-        return int(I64.unpack(self._take(8))[0])
+        return self._number(I64)
 
     def count(self, what: str, unit: str) -> int:
         """A uint64 count of `unit`s to follow; beyond MAX_LEN it is a ProtocolError naming `what` was sent."""
-        n = int(U64.unpack(self._take(8))[0])
+        n = self._number(U64)
         if n > MAX_LEN:
             raise ProtocolError(f"{what} of {n} {unit}")
         return n

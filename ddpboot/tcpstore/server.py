@@ -59,6 +59,12 @@ class StoreServer:
     ) -> None:
         self.listener = listener
         self.listener.setblocking(False)
+        # Accepted sockets inherit TCP_NODELAY from the listener (Linux): one setsockopt here instead of one per
+        # connection (answers are small and must leave at once).
+        with contextlib.suppress(OSError):
+            self.listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._received = bytearray(1 << 16)  # every recv lands here: no buffer allocated per read
+        self._received_view = memoryview(self._received)
         self.sel: selectors.BaseSelector | None = None
         self.store = KeyValues(wake=self._flush)
         self.clients: dict[int, Connection] = {}
@@ -130,7 +136,6 @@ class StoreServer:
                 sock.close()  # unread: the client gets no answer
                 continue
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.clients[sock.fileno()] = Connection(sock)
             self.sel.register(sock, selectors.EVENT_READ, self)
 
@@ -151,16 +156,16 @@ class StoreServer:
 
     def _read(self, client: Connection) -> None:
         try:
-            chunk = client.sock.recv(1 << 16)
+            size = client.sock.recv_into(self._received)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._drop(client)
             return
-        if not chunk:
+        if not size:
             self._drop(client)
             return
-        client.inbuf += chunk
+        client.inbuf += self._received_view[:size]
         while len(client.inbuf) >= client.need:
             reader = Reader(client.inbuf)
             try:
@@ -195,11 +200,12 @@ class StoreServer:
                 self._drop(client)
                 return
             del client.outbuf[:sent]
-        assert self.sel is not None
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbuf else 0)
-        with contextlib.suppress(KeyError, ValueError):
-            if self.sel.get_key(client.sock).events != want:
-                self.sel.modify(client.sock, want, self)
+        writing = bool(client.outbuf)
+        if writing != client.writing:  # the selector is asked to change only when this changes
+            assert self.sel is not None
+            client.writing = writing
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.modify(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0), self)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

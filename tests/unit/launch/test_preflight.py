@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.preflight import RANKS_PER_CORE, check_rank_count, check_target, is_module_name
+from ddpboot.launch.preflight import (
+    FDS_PER_RANK,
+    FILES_MARGIN,
+    RANKS_PER_CORE,
+    STORE_CONNECTIONS_PER_RANK,
+    check_rank_count,
+    check_target,
+    ensure_open_files,
+    is_module_name,
+    open_files_needed,
+)
 from ddpboot.launch.spec import Target
 
 PY = sys.executable
@@ -91,5 +101,55 @@ def test_the_process_and_file_limits_hold_even_oversubscribed(monkeypatch: pytes
     monkeypatch.setattr(resource, "getrlimit", lambda which: limits[which])
     with pytest.raises(UsageError, match=r"--nproc 500: .*process limit \(ulimit -u, RLIMIT_NPROC\) is 500"):
         check_rank_count(500, oversubscribe=True)
-    with pytest.raises(UsageError, match=r"open-file limit \(ulimit -n, RLIMIT_NOFILE\) is 1024. Ask for at most 240"):
-        check_rank_count(300, oversubscribe=True)
+    with pytest.raises(UsageError, match=r"RLIMIT_NOFILE\) is 1024 \(hard limit 1024\). Ask for at most 240 ranks"):
+        ensure_open_files(300, 300)
+
+
+def test_open_files_needed_counts_the_launcher_or_the_store_whichever_holds_more() -> None:
+    # one node: the launcher's pipes and logs per local rank outweigh the store's connections
+    assert open_files_needed(8, 8) == 8 * FDS_PER_RANK + FILES_MARGIN
+    # node 0 of 1,024 nodes × 8 ranks: the store holds 2 connections per rank of the job and one per node
+    assert open_files_needed(8, 8192, 1024) == 8192 * STORE_CONNECTIONS_PER_RANK + 1024 + FILES_MARGIN == 17472
+    # a node that does not serve the store counts only its own ranks
+    assert open_files_needed(8, 0, 1024) == 8 * FDS_PER_RANK + FILES_MARGIN
+
+
+def _limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int) -> list[tuple[int, int]]:
+    import resource
+
+    state = {resource.RLIMIT_NPROC: (resource.RLIM_INFINITY, resource.RLIM_INFINITY),
+             resource.RLIMIT_NOFILE: (soft, hard)}
+    calls: list[tuple[int, int]] = []
+
+    def setrlimit(which: int, value: tuple[int, int]) -> None:
+        calls.append(value)
+        state[which] = value
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: state[which])
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    return calls
+
+
+def test_a_low_soft_open_file_limit_is_raised_to_the_hard_limit_silently(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _limits(monkeypatch, 1024, 65536)
+    ensure_open_files(8, 8192, 1024)  # needs 17,472
+    assert calls == [(65536, 65536)]
+    calls = _limits(monkeypatch, 1024, 65536)
+    ensure_open_files(8, 0, 1024)  # needs 96: nothing to do
+    assert calls == []
+
+
+def test_a_hard_open_file_limit_below_the_stores_need_is_refused_with_what_to_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _limits(monkeypatch, 1024, 4096)
+    with pytest.raises(UsageError) as caught:
+        ensure_open_files(8, 8192, 1024)
+    message = str(caught.value)
+    assert message.startswith("--nproc 8 on 1024 nodes: this node's store serves all 8192 ranks and needs about "
+                              "17472 open files")
+    assert "is 1024 (hard limit 4096)" in message
+    assert "Ask for at most 1504 ranks in all" in message  # (4096 - 64 - 1024) // 2
+    for remedy in ("ulimit -Hn 17472", "LimitNOFILE=17472", "/etc/security/limits.conf"):
+        assert remedy in message
+    assert calls == []

@@ -67,6 +67,18 @@ def test_bad_node_options(options: NodeOptions, message: str) -> None:
         launcher_nodes(options, {})
 
 
+def test_a_fixed_count_through_c10d_without_a_node_rank_is_numbered_by_the_rendezvous() -> None:
+    # torchrun's `--nnodes 4 --rdzv-backend c10d --rdzv-endpoint H:P`: every node the same command, no node rank
+    for count in ("4", "4:4"):
+        nodes = launcher_nodes(NodeOptions(nnodes=count, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29555"), {})
+        assert (nodes.source, nodes.min_nodes, nodes.max_nodes, nodes.rdzv_endpoint) == (
+            "elastic", 4, 4, "127.0.0.1:29555")
+    # with a node rank, the endpoint stands for node 0's store address, as before
+    given = launcher_nodes(NodeOptions(nnodes="4", node_rank=2, master_addr="127.0.0.1", rdzv_backend="c10d",
+                                       rdzv_endpoint="127.0.0.1:29555"), {})
+    assert (given.source, given.node_rank, given.master_port) == ("flags", 2, 29555)
+
+
 def test_several_nodes_cannot_restart_yet() -> None:
     with pytest.raises(UsageError, match="--max-restarts 2 with 2 nodes"):
         launcher_nodes(NodeOptions(nnodes="2", node_rank=1, master_addr="127.0.0.1"), {}, max_restarts=2)

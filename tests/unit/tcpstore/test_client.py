@@ -29,6 +29,7 @@ def test_set_get_add_check(store_port: int) -> None:
         assert c.get("n") == b"5"
         assert c.check(["a", "n"])
         assert not c.check(["a", "missing"])
+        assert c.multi_get(["n", "a", "n"]) == [b"5", b"1", b"5"]  # one request, in the order asked
 
 
 def test_wait_returns_when_another_client_sets_the_key(store_port: int) -> None:
@@ -104,4 +105,5 @@ def test_speaks_to_torchs_own_server() -> None:
         with pytest.raises(StoreTimeout):
             c.wait(["never"], timeout=0.2)
         assert c.check(["/count"])
+        assert c.multi_get(["/from-torch", "/count"]) == [b"world", b"5"]
     del store

@@ -4,6 +4,7 @@ addresses than loopback are served as before; with an allow-list, an address out
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import socket
@@ -189,3 +190,38 @@ def test_a_listed_loopback_address_still_needs_the_owners_uid(served: Callable[.
         client.sendall(VALIDATE + SET_KEY + GETNUMKEYS)
         assert _outcome(client, store) is None
     assert store.warnings[0].startswith(f"refused a connection from uid {os.getuid()} ")
+
+
+def test_served_connections_send_small_answers_at_once(served: Callable[..., Served]) -> None:
+    store = served(allowed_uids=None)
+    with socket.create_connection(store.address) as client:
+        client.sendall(VALIDATE + GETNUMKEYS)
+        assert _outcome(client, store) == struct.pack("=q", 0)
+        (conn,) = store.server.clients.values()
+        # no Nagle delay on the store's side (inherited from the listener)
+        assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
+def test_answers_larger_than_the_socket_buffer_arrive_whole_once_the_client_reads(
+    served: Callable[..., Served],
+) -> None:
+    store = served(allowed_uids=None)
+    value = bytes(range(256)) * 4096  # 1 MiB
+    gets = 8
+    with socket.create_connection(store.address) as client:
+        client.sendall(VALIDATE + struct.pack("=B", 1) + _vec(b"big") + _vec(value)
+                       + (struct.pack("=B", 3) + _vec(b"big")) * gets)
+        store.pump(lambda: any(c.writing for c in store.server.clients.values()))  # the rest waits for room
+        (conn,) = store.server.clients.values()
+        expected = _vec(value) * gets
+        got = bytearray()
+        client.setblocking(False)
+
+        def read_some() -> bool:
+            with contextlib.suppress(BlockingIOError):
+                got.extend(client.recv(1 << 20))
+            return len(got) >= len(expected)
+
+        store.pump(read_some)
+        assert bytes(got) == expected
+        assert not conn.writing and not conn.outbuf
