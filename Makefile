@@ -25,7 +25,7 @@ demo: venv
 	$(VENV)/bin/ddpboot plan --nproc $(NPROC)
 	$(VENV)/bin/ddpboot --nproc $(NPROC) examples/train.py
 
-# As root (CI), the SLURM tests get a real two-node cluster on this machine (scripts/ci/slurm-up: its own directory,
+# As root (CI), the SLURM tests get a real eight-node cluster on this machine (scripts/ci/slurm-up: its own directory,
 # config, ports and munged, beside any real SLURM installation), stopped afterwards whatever the result; elsewhere,
 # or with DDPBOOT_NO_SLURM=1, they skip and say why. If the cluster cannot start, the other tests still run (the
 # SLURM tests skip) and make fails at the end.
@@ -56,7 +56,7 @@ check: lint typecheck test
 bench: venv
 	$(PY) benchmarks/run.py
 
-# The 2-node SLURM job, sbatch → exit, ddpboot vs torchrun (starts the local test cluster as root if none is up).
+# 2- and 8-node SLURM jobs, sbatch → exit, ddpboot vs torchrun (starts the local test cluster as root if none is up).
 bench-slurm: venv
 	$(PY) benchmarks/bench_slurm.py --append benchmarks/RESULTS.md
 

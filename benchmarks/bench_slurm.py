@@ -1,10 +1,11 @@
-"""ddpboot against torchrun as the launcher of a 2-node SLURM job: `sbatch --wait` from submission to return.
+"""ddpboot against torchrun as the launcher of a 2-node and an 8-node SLURM job: `sbatch --wait` from submission
+to return.
 
-    .venv/bin/python benchmarks/bench_slurm.py [--pairs 5] [--steps 300] [--append FILE] [--out DIR]
+    .venv/bin/python benchmarks/bench_slurm.py [--nodes 2,8] [--pairs 5] [--steps 300] [--append FILE] [--out DIR]
 
-Runs on ddpboot's local SLURM test cluster (scripts/ci/slurm-up: two emulated nodes, n1 and n2, on this machine);
-starts it when none answers (as root) and stops it again at the end, only then. Each job is 2 nodes × 2 CPU ranks
-(gloo) training examples/train.py for `--steps` steps, one launcher per node:
+Runs on ddpboot's local SLURM test cluster (scripts/ci/slurm-up: eight emulated nodes, n1 .. n8, on this machine);
+starts it when none answers (as root) and stops it again at the end, only then. Each job is N nodes × 2 CPU ranks
+(gloo), N from `--nodes`, training examples/train.py for `--steps` steps, one launcher per node:
 
     srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 --cpu examples/train.py ...
     srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" python -m torch.distributed.run --nnodes "$SLURM_NNODES" \\
@@ -15,9 +16,10 @@ own SLURM_NODEID; its workers see no GPU, CUDA_VISIBLE_DEVICES='', so train.py p
 `ddpboot --cpu`.) Measured per run: wall time from just before `sbatch --wait`
 to its return, and from timestamps the batch script writes: submission → script start, the srun step, script
 start → end; SLURM's own RunTime where sacct or scontrol still knows the job (whole seconds; optional). A run counts
-only when the job exited 0 and its output shows the 4-rank world under the expected launcher, gloo, `final loss`
-once and 4 identical parameter checksums; any other run is reported as failed, with the reason, and not timed.
-Runs alternate (order rotated every pair) after one warm-up run each. Nothing is asserted about speed.
+only when the job exited 0 and its output shows the 2N-rank world under the expected launcher, gloo, `final loss`
+once and 2N identical parameter checksums; any other run is reported as failed, with the reason, and not timed.
+Runs alternate (order rotated every pair) after one warm-up run each, node count by node count. Nothing is
+asserted about speed.
 """
 
 from __future__ import annotations
@@ -43,11 +45,9 @@ import bench_launch
 from cases.common import DDPBOOT, PY, ROOT, TORCHRUN, alternate, free_port, job_env, log, ratio, sec, stats
 
 sys.path.insert(0, str(ROOT))
-from tests.slurm.helpers import CLUSTER_CONF, START_HINT, slurm  # after the line above: needs the checkout on sys.path
+from tests.slurm.helpers import CLUSTER_CONF, NODES, START_HINT, slurm  # after the line above: the checkout's path
 
-NODES = ["n1", "n2"]
 NPROC = 2
-WORLD = NPROC * len(NODES)
 CONTENDERS = ["ddpboot", "torchrun"]
 STAMP = re.compile(r"^bench-slurm (\w+) ([\d.]+)$", re.M)
 RATE = re.compile(r"step\s+\d+\s+loss\s+\S+\s+([\d,.]+) samples/s")
@@ -55,7 +55,7 @@ RATE = re.compile(r"step\s+\d+\s+loss\s+\S+\s+([\d,.]+) samples/s")
 
 # --- the cluster ---------------------------------------------------------------------------------------------------
 def cluster_state() -> str | None:
-    """None when ddpboot's test cluster (nodes n1, n2) answers, else why not."""
+    """None when ddpboot's test cluster (nodes n1 .. n8) answers, else why not."""
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return "the SLURM client tools (sinfo, sbatch) are not installed"
     try:
@@ -66,7 +66,8 @@ def cluster_state() -> str | None:
         return "no SLURM controller answers `scontrol ping`"
     nodes = slurm("sinfo", "-h", "-N", "-o", "%N", timeout=20)
     if sorted(set(nodes.stdout.split())) != NODES:
-        raise SystemExit(f"the SLURM cluster here is not ddpboot's test cluster (nodes n1, n2): {nodes.stdout.split()}")
+        raise SystemExit(f"the SLURM cluster here is not ddpboot's test cluster (nodes {' '.join(NODES)}): "
+                         f"{nodes.stdout.split()}; {START_HINT} (it restarts an older one)")
     return None
 
 
@@ -121,13 +122,13 @@ def step_lines(contender: str, steps: int, port: int) -> tuple[str, str]:
     return setup, f"{srun} bash -c {shlex.quote(inner)}"
 
 
-def batch_script(contender: str, steps: int, port: int, name: str, out: Path) -> str:
-    """2 nodes, one task per node; OMP_NUM_THREADS=1 for both launchers (what each sets by itself here anyway, and
+def batch_script(contender: str, nodes: int, steps: int, port: int, name: str, out: Path) -> str:
+    """`nodes` nodes, one task per node; OMP_NUM_THREADS=1 for both launchers (what each sets by itself here anyway, and
     what the SLURM tests use); timestamps around the srun line for the in-job times."""
     setup, srun_line = step_lines(contender, steps, port)
     return (
         "#!/bin/bash\n"
-        f"#SBATCH -N{len(NODES)} --ntasks-per-node=1 -t 10 -J {name} -o {out}\n"
+        f"#SBATCH -N{nodes} --ntasks-per-node=1 -t 10 -J {name} -o {out}\n"
         'echo "bench-slurm script_start $EPOCHREALTIME"\n'
         "export OMP_NUM_THREADS=1\n"
         f"{setup}"
@@ -144,6 +145,7 @@ class SlurmRun:
     """One job, as kept in the raw JSON."""
 
     contender: str
+    nodes: int
     pair: int  # -1: warm-up
     job_name: str
     job_id: str = ""
@@ -170,18 +172,18 @@ class SlurmRun:
         return d
 
 
-def check_output(text: str, contender: str) -> tuple[str | None, str | None]:
-    """(why the job did not train as expected or None, the final loss)."""
+def check_output(text: str, contender: str, world: int) -> tuple[str | None, str | None]:
+    """(why the job of `world` ranks did not train as expected or None, the final loss)."""
     final = re.findall(r"final loss (\S+)", text)
     sums: dict[int, str] = {int(r): c for r, c in re.findall(r"rank (\d+) param checksum (\S+)", text)}
-    if f"world size {WORLD} ({contender})" not in text:
-        return f"no 'world size {WORLD} ({contender})' line", None
+    if f"world size {world} ({contender})" not in text:
+        return f"no 'world size {world} ({contender})' line", None
     if "backend gloo" not in text:
         return "the ranks did not use gloo", None
     if len(final) != 1:
         return f"'final loss' printed {len(final)} times, not once", None
-    if sorted(sums) != list(range(WORLD)):
-        return f"parameter checksums from ranks {sorted(sums)}, not 0..{WORLD - 1}", final[0]
+    if sorted(sums) != list(range(world)):
+        return f"parameter checksums from ranks {sorted(sums)}, not 0..{world - 1}", final[0]
     if len(set(sums.values())) != 1:
         return f"the ranks' parameter checksums differ: {sums}", final[0]
     return None, final[0]
@@ -212,15 +214,16 @@ def slurm_runtime(job_id: str) -> tuple[float | None, str]:
     return None, ""
 
 
-def run_job(contender: str, pair: int, steps: int, env: dict[str, str], work: Path, timeout: float) -> SlurmRun:
-    name = f"ddpboot-bench-{contender}-{uuid.uuid4().hex[:8]}"
+def run_job(contender: str, nodes: int, pair: int, steps: int, env: dict[str, str], work: Path,
+            timeout: float) -> SlurmRun:
+    name = f"ddpboot-bench-{contender}-{nodes}n-{uuid.uuid4().hex[:8]}"
     d = work / name
     d.mkdir()
     port = free_port() if contender == "torchrun" else None
     out = d / "out.txt"
     script = d / "job.sh"
-    script.write_text(batch_script(contender, steps, port or 0, name, out))
-    r = SlurmRun(contender, pair, name, port=port, script=script.read_text())
+    script.write_text(batch_script(contender, nodes, steps, port or 0, name, out))
+    r = SlurmRun(contender, nodes, pair, name, port=port, script=script.read_text())
     submitted = time.time()
     start = time.monotonic()
     proc = subprocess.Popen(["sbatch", "--wait", "--parsable", str(script)], env=env, cwd=d, text=True,
@@ -250,7 +253,7 @@ def run_job(contender: str, pair: int, steps: int, env: dict[str, str], work: Pa
         r.step_s = stamps["step_end"] - stamps["step_start"]
     if r.job_id:
         r.slurm_runtime_s, r.slurm_runtime_from = slurm_runtime(r.job_id)
-    why, r.final_loss = check_output(r.output, contender)
+    why, r.final_loss = check_output(r.output, contender, nodes * NPROC)
     rates = RATE.findall(r.output)
     r.samples_per_s = float(rates[-1].replace(",", "")) if rates else None
     if r.rc is None:
@@ -263,7 +266,8 @@ def run_job(contender: str, pair: int, steps: int, env: dict[str, str], work: Pa
     what = "warm-up" if pair < 0 else f"pair {pair}"
     status = "ok" if r.ok else f"FAILED: {r.why}"
     step = f", step {r.step_s:.2f} s" if r.step_s is not None else ""
-    log(f"  {what} {contender}: job {r.job_id or '?'}, sbatch → return {r.wall_s:.2f} s{step}, exit {r.rc}, {status}")
+    log(f"  {nodes} nodes, {what} {contender}: job {r.job_id or '?'}, sbatch → return {r.wall_s:.2f} s{step}, "
+        f"exit {r.rc}, {status}")
     if not r.ok:
         log("    output tail:\n" + "\n".join("    " + ln for ln in (r.output + r.sbatch_stderr)[-1500:].splitlines()))
     return r
@@ -271,6 +275,14 @@ def run_job(contender: str, pair: int, steps: int, env: dict[str, str], work: Pa
 
 # --- report --------------------------------------------------------------------------------------------------------
 def table(runs: list[SlurmRun], a: argparse.Namespace, cluster: str, started: bool, total_s: float) -> str:
+    """One results section per node count."""
+    return "\n".join(node_table([r for r in runs if r.nodes == n], n, a, cluster, started, total_s)
+                     for n in a.nodes)
+
+
+def node_table(runs: list[SlurmRun], nodes: int, a: argparse.Namespace, cluster: str, started: bool,
+               total_s: float) -> str:
+    world = nodes * NPROC
     counted = {n: [r for r in runs if r.contender == n and r.pair >= 0 and r.ok] for n in CONTENDERS}
     failed = [r for r in runs if not r.ok]
 
@@ -282,20 +294,21 @@ def table(runs: list[SlurmRun], a: argparse.Namespace, cluster: str, started: bo
         return f"| {label} | {stats(xs['ddpboot'], fmt)} | {stats(xs['torchrun'], fmt)} | " \
                f"{ratio(xs['ddpboot'], xs['torchrun'])} |"
 
-    cmd = ["python", "benchmarks/bench_slurm.py", "--pairs", str(a.pairs), "--steps", str(a.steps)]
+    cmd = ["python", "benchmarks/bench_slurm.py", "--nodes", ",".join(map(str, a.nodes)), "--pairs", str(a.pairs),
+           "--steps", str(a.steps)]
     if a.out:
         cmd += ["--out", "DIR"]
     lines = [
-        f"## 2-node SLURM job, sbatch → exit (benchmarks/bench_slurm.py, {time.strftime('%Y-%m-%d %H:%M')})",
+        f"## {nodes}-node SLURM job, sbatch → exit (benchmarks/bench_slurm.py, {time.strftime('%Y-%m-%d %H:%M')})",
         "",
         f"Machine: {bench_launch.machine()}. Cluster: {cluster}, ddpboot's local test cluster (scripts/ci/slurm-up): "
-        f"nodes n1 and n2 emulated on this one machine, so all {WORLD} ranks share its cores"
+        f"{nodes} of its nodes n1 .. n{len(NODES)} emulated on this one machine, so all {world} ranks share its cores"
         f"{'; started for this run and stopped after it' if started else ''}.",
         "",
         f"Command: `{' '.join(cmd)}`; {a.pairs} alternating pair(s) after one warm-up run each; medians (min–max); "
-        f"ratio ddpboot/torchrun of the medians. Whole benchmark: {total_s / 60:.1f} min.",
+        f"ratio ddpboot/torchrun of the medians. Whole benchmark (every node count): {total_s / 60:.1f} min.",
         "",
-        f"Job: `sbatch --wait` of a batch script with `#SBATCH -N2 --ntasks-per-node=1`, one launcher per node, "
+        f"Job: `sbatch --wait` of a batch script with `#SBATCH -N{nodes} --ntasks-per-node=1`, one launcher per node, "
         f"{NPROC} CPU ranks (gloo) each, `examples/train.py --steps {a.steps} --log-every {max(a.steps // 3, 1)}`, "
         "`OMP_NUM_THREADS=1`:",
         "",
@@ -329,8 +342,8 @@ def table(runs: list[SlurmRun], a: argparse.Namespace, cluster: str, started: bo
         "`sbatch --wait` polls the job's state every 2 s on this cluster (MinJobAge=4; SLURM polls at most every "
         "MinJobAge/2 s), so submission → return moves in steps of about 2 s; the in-job times come from "
         "timestamps the batch script prints (`$EPOCHREALTIME`) and are not quantised.",
-        f"Every counted run exited 0 and printed a {WORLD}-rank gloo world under its launcher, `final loss` once and "
-        f"{WORLD} identical parameter checksums. Final loss: ddpboot {', '.join(losses['ddpboot']) or '—'}; "
+        f"Every counted run exited 0 and printed a {world}-rank gloo world under its launcher, `final loss` once and "
+        f"{world} identical parameter checksums. Final loss: ddpboot {', '.join(losses['ddpboot']) or '—'}; "
         f"torchrun {', '.join(losses['torchrun']) or '—'}.",
     ]
     if not any(have_rt.values()):
@@ -343,8 +356,12 @@ def table(runs: list[SlurmRun], a: argparse.Namespace, cluster: str, started: bo
     return "\n".join(lines)
 
 
-def summary(runs: list[SlurmRun]) -> dict[str, Any]:
-    """Per contender: the counted runs' median of each time, and how many runs counted and failed."""
+def summary(runs: list[SlurmRun], node_counts: list[int]) -> dict[str, Any]:
+    """Per node count and contender: the counted runs' median of each time, and how many runs counted and failed."""
+    return {f"{nodes} nodes": contender_summary([r for r in runs if r.nodes == nodes]) for nodes in node_counts}
+
+
+def contender_summary(runs: list[SlurmRun]) -> dict[str, Any]:
     res: dict[str, Any] = {}
     for n in CONTENDERS:
         timed = [r for r in runs if r.contender == n and r.pair >= 0]
@@ -356,8 +373,21 @@ def summary(runs: list[SlurmRun]) -> dict[str, Any]:
     return res
 
 
+def node_counts(text: str) -> list[int]:
+    """`--nodes 2,8` → [2, 8]; argparse reports the error for anything else."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of node counts") from None
+    if not counts or not all(2 <= n <= len(NODES) for n in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: each node count must be 2..{len(NODES)}, the test cluster's nodes")
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=node_counts, default=[2, 8],
+                    help=f"node counts, comma-separated, each 2..{len(NODES)} (default 2,8)")
     ap.add_argument("--pairs", type=int, default=5, help="alternating runs of each contender (default 5)")
     ap.add_argument("--steps", type=int, default=300, help="training steps of examples/train.py (default 300)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds one job may take before it is cancelled")
@@ -380,10 +410,11 @@ def main() -> None:
     try:
         cluster = slurm_version()
         log(f"{cluster}; jobs in {work}")
-        for name in CONTENDERS:
-            runs.append(run_job(name, -1, a.steps, env, work, a.timeout))
-        for i, name in alternate(CONTENDERS, a.pairs):
-            runs.append(run_job(name, i, a.steps, env, work, a.timeout))
+        for nodes in a.nodes:
+            for name in CONTENDERS:
+                runs.append(run_job(name, nodes, -1, a.steps, env, work, a.timeout))
+            for i, name in alternate(CONTENDERS, a.pairs):
+                runs.append(run_job(name, nodes, i, a.steps, env, work, a.timeout))
     finally:
         if started:
             stop_cluster()
@@ -397,7 +428,7 @@ def main() -> None:
         "python": PY,
         "total_s": total,
         "runs": [r.record() for r in runs],
-        "summary": summary(runs),
+        "summary": summary(runs, a.nodes),
     }, indent=2))
     log(f"raw runs: {out / 'slurm.json'}")
     if a.append:

@@ -2,8 +2,9 @@
 
 Precedence: explicit flags (`--nnodes`, `--node-rank`, `--master-addr`, `--master-port`, or their PET_* defaults)
 win; inside a srun step (one ddpboot per node) SLURM supplies what the flags do not, and a flag that contradicts
-SLURM wins with a note; otherwise the job is one node with its store on loopback, on a port the launcher binds
-itself (no port race). `ddpboot plan` prints which source was used.
+SLURM wins with a note; in a Kubeflow PyTorchJob pod of several nodes without PET_MASTER_ADDR, MASTER_ADDR and
+MASTER_PORT name node 0 (source "kubernetes", cluster/kubernetes.py); otherwise the job is one node with its store on
+loopback, on a port the launcher binds itself (no port race). `ddpboot plan` prints which source was used.
 
 An elastic range (`--nnodes MIN:MAX`) has no fixed node rank or node count: torch's c10d rendezvous decides them at
 each round (launch/elastic/). Its NodeSetup (source "elastic") records the range, the rendezvous endpoint and the
@@ -18,6 +19,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddpboot.cluster.kubernetes import pytorchjob_master
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.contract import is_tcp_port
 from ddpboot.errors import UsageError
@@ -34,7 +36,7 @@ class NodeSetup:
     node_rank: int
     master_addr: str
     master_port: int | None  # None: one node, the launcher binds a free loopback port itself
-    source: str  # "single", "flags", "slurm", "elastic"
+    source: str  # "single", "flags", "slurm", "kubernetes" (a PyTorchJob pod's MASTER_ADDR), "elastic"
     notes: tuple[str, ...] = ()
     # Elastic jobs only: the node range and torch's c10d rendezvous endpoint (HOST:PORT). nnodes is then MAX and
     # node_rank 0: a placeholder plan until a rendezvous round says which node this is.
@@ -82,6 +84,10 @@ def resolve_nodes(
         raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {plural(n, 'node')}.")
     if n == 1:
         return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, "single", tuple(notes))
+    pod = None if master_addr or slurm else pytorchjob_master(env)
+    if pod is not None:  # a Kubeflow PyTorchJob pod names node 0 only as MASTER_ADDR / MASTER_PORT
+        master_addr, master_port = pod.addr, master_port or pod.port
+        notes.append(pod.note())
     addr = master_addr or (slurm.master_addr if slurm else None)
     if not addr:
         raise UsageError(
@@ -89,7 +95,7 @@ def resolve_nodes(
             "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
         )
     port = master_port or (slurm.master_port if slurm else DEFAULT_MASTER_PORT)
-    source = "slurm" if slurm and (nnodes is None or node_rank is None) else "flags"
+    source = "slurm" if slurm and (nnodes is None or node_rank is None) else ("kubernetes" if pod else "flags")
     return NodeSetup(n, r, addr, port, source, tuple(notes))
 
 

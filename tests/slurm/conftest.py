@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.slurm.helpers import CLUSTER_CONF, START_HINT, slurm
+from tests.slurm.helpers import CLUSTER_CONF, NODES, START_HINT, slurm
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,8 +26,9 @@ def cluster() -> None:
         why = [line for line in (ping.stdout + ping.stderr).splitlines() if line.strip() and line[0] != "*"]
         pytest.skip(f"no SLURM controller answers `scontrol ping` ({why[-1] if why else 'no output'}): {START_HINT}")
     nodes = slurm("sinfo", "-h", "-N", "-o", "%N", timeout=20)
-    if sorted(set(nodes.stdout.split())) != ["n1", "n2"]:
-        pytest.skip(f"the SLURM cluster here is not ddpboot's test cluster (nodes n1, n2): {nodes.stdout.split()}")
+    if sorted(set(nodes.stdout.split())) != NODES:
+        pytest.skip(f"the SLURM cluster here is not ddpboot's test cluster (nodes {' '.join(NODES)}): "
+                    f"{nodes.stdout.split()}; {START_HINT} (it restarts an older one)")
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ START_HINT = "start the test cluster with `sudo scripts/ci/slurm-up`"
 # user's SLURM_CONF; the jobs they submit inherit it, and so do the jobs' own srun steps.
 CLUSTER_DIR = Path(os.environ.get("DDPBOOT_SLURM_DIR") or "/tmp/ddpboot-slurm")
 CLUSTER_CONF = CLUSTER_DIR / "slurm.conf"
+NODES = [f"n{i}" for i in range(1, 9)]
+"""The test cluster's emulated nodes (scripts/ci/slurm-up): tests that use fewer ask for them with -N."""
 # Each task prints its SLURM environment variables as JSON.
 DUMP_ENV = [
     sys.executable,

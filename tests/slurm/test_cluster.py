@@ -1,4 +1,5 @@
-"""Smoke test of the local SLURM test cluster (scripts/ci/slurm-up): two emulated nodes n1, n2 on this machine.
+"""Smoke test of the local SLURM test cluster (scripts/ci/slurm-up): eight emulated nodes n1 .. n8 on this machine;
+the tests here use two of them (-N2).
 
 Checks the facts the SLURM support rests on against a real slurmctld/slurmd: what `srun` gives each
 task, that `sbatch --wait` returns the batch script's exit code, and that `scancel` ends a job's processes.

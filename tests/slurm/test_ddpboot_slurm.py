@@ -1,5 +1,6 @@
-"""ddpboot on a real SLURM cluster (two emulated nodes, scripts/ci/slurm-up): both launch patterns train the
-example and agree; scancel leaves nothing behind; a failing worker on node 1 ends the job with its exit code."""
+"""ddpboot on a real SLURM cluster (two of the test cluster's eight emulated nodes, scripts/ci/slurm-up): both
+launch patterns train the example and agree; scancel leaves nothing behind; a failing worker on node 1 ends the
+job with its exit code."""
 
 from __future__ import annotations
 
