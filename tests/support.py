@@ -185,3 +185,51 @@ def as_uid(uid: int, work: Callable[[], list[str]]) -> list[str]:
     result: list[str] = json.loads(data)
     return result
 
+
+
+# --- what a terminal shows -------------------------------------------------------------------------
+
+
+def render_terminal(data: bytes) -> list[str]:
+    """The lines a terminal shows after `data`: text, `\\r`, `\\n` (as a terminal's default onlcr does: to the start
+    of the next line) and the escapes the launcher draws progress bars with (cursor up/down `ESC[nA`/`ESC[nB`,
+    erase to the end of the line `ESC[K` and of the screen `ESC[J`). The screen has no bottom: nothing scrolls off."""
+    import re
+
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for m in re.finditer(r"\x1b\[(\d*)([ABJK])|\r|\n|[^\x1b\r\n]", data.decode(errors="replace")):
+        token = m.group(0)
+        if m.group(2) == "A":
+            row = max(0, row - int(m.group(1) or 1))
+        elif m.group(2) == "B":
+            row += int(m.group(1) or 1)
+        elif m.group(2) in ("J", "K"):
+            del rows[row][col:]
+            if m.group(2) == "J":
+                del rows[row + 1:]
+        elif token == "\r":
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+        else:
+            rows[row].extend(" " * (col - len(rows[row])))
+            rows[row][col:col + 1] = [token]
+            col += 1
+        rows.extend([] for _ in range(row + 1 - len(rows)))
+    lines = ["".join(r).rstrip() for r in rows]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def tagged(tag: str, var: str = "CORPUS_JOB") -> list[psutil.Process]:
+    """The live processes whose environment carries var=tag (how a test finds every process of one job)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(var) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, TIMEOUT, clean_env, ddpboot_exe, gone, wait_for
+from tests.support import SCRIPTS, TIMEOUT, clean_env, ddpboot_exe, gone, tagged, wait_for
 
 CORPUS = SCRIPTS / "corpus"
 LAUNCHERS = ("ddpboot", "torchrun")
@@ -62,16 +62,6 @@ class Job:
                 f"stderr:\n{self.stderr[-3000:]}")
 
 
-def tagged(tag: str) -> list[psutil.Process]:
-    """The live processes whose environment carries CORPUS_JOB=tag."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("CORPUS_JOB") == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def describe(proc: psutil.Process) -> str:

@@ -1,7 +1,8 @@
 """Pattern 10: ranks that start processes of their own and leave them running: a DataLoader with num_workers=2 and
 persistent_workers=True, and a multiprocessing Pool that is never closed. Both ranks return from main while their
 children are alive. Each rank writes the pids of its children (alive at that moment); the test checks that none
-outlives the job. failing_rank.py is the variant where the job fails while the children are alive."""
+outlives the job. failing_rank.py is the variant where the job fails while the children are alive. With
+`--device cuda` the group is nccl on the rank's GPU (corpus_results.init_group)."""
 
 import multiprocessing
 import multiprocessing.pool
@@ -10,7 +11,7 @@ import os
 import psutil
 import torch
 import torch.distributed as dist
-from corpus_results import write_result
+from corpus_results import device_arg, gpu_uuid, init_group, write_result
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -41,9 +42,10 @@ def start_children() -> tuple[DataLoader[torch.Tensor], multiprocessing.pool.Poo
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    device = init_group(device_arg())
     _loader, _pool, facts = start_children()  # held until main ends: the children stay alive
-    write_result(dist.get_rank(), world_size=dist.get_world_size(), **facts)
+    write_result(dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend(), gpu=gpu_uuid(device),
+                 **facts)
     dist.barrier()
     dist.destroy_process_group()
     # return with the Pool open and the DataLoader's workers alive

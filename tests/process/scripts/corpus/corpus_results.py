@@ -2,12 +2,39 @@
 
 The test compares these files between launchers, so they hold only what must not depend on the launcher (ranks,
 world size, backend, a checksum of the trained parameters), plus the pids the rank saw (its own and its children's)
-for the check that nothing outlives the job."""
+for the check that nothing outlives the job.
+
+`--device cuda` on a script's command line (tests/gpu/test_gpu_corpus.py) makes the scripts that take it run on the
+GPU named by LOCAL_RANK with nccl, the torchrun tutorial's way; without it they run on the CPU with gloo."""
 
 import json
 import os
 import sys
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def device_arg() -> str:
+    """The script's `--device` (cpu or cuda), cpu when not given."""
+    return sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+
+
+def init_group(device_type: str) -> torch.device:
+    """Join the job on `device_type`: gloo on the CPU; on CUDA set_device(LOCAL_RANK), then nccl."""
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def gpu_uuid(device: torch.device) -> str | None:
+    """The physical GPU behind `device` (None on the CPU): what tells the ranks' GPUs apart across launchers."""
+    return str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None
 
 
 def checksum(parameters) -> float:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Patterns 1 to 4: the ways training scripts choose their device and backend, each written as the ecosystem
-writes it, then a few DDP steps on the device each one chose (one process group: every idiom picks gloo here).
+writes it, then a few DDP steps on the device each one chose (one process group: every idiom picks gloo on the CPU,
+nccl on GPUs).
 
 - tutorial: the torchrun tutorial, `torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))` when CUDA is there,
   `DDP(model, device_ids=[local_rank])` on a GPU and no device_ids on the CPU;
@@ -8,13 +9,18 @@ writes it, then a few DDP steps on the device each one chose (one process group:
   locate sufficient ..."); exit()`, guarded the way scripts that also run without GPUs guard it (no GPU: the CPU);
 - accelerator: `torch.accelerator` (is_available, current_accelerator, device_count), gloo on the CPU.
 
-Each rank writes {idiom: {device, backend, checksum}} to $CORPUS_OUT (corpus_results.py)."""
+Each rank writes {idiom: {device, backend, gpu, checksum}} to $CORPUS_OUT (corpus_results.py); gpu is the UUID of
+the GPU the idiom chose (None on the CPU). `--only NAME,...` runs only those idioms (each keeps its own seed): on
+GPUs under ddpboot's rank isolation the count checks end the script (each rank sees one GPU), so the GPU test also
+runs the others alone.
+"""
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
-from corpus_results import checksum, leave, write_result
+from corpus_results import checksum, gpu_uuid, leave, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -70,25 +76,37 @@ def train(device: torch.device, seed: int) -> float:
     return checksum(model.parameters())
 
 
+IDIOMS = {
+    "tutorial": tutorial,
+    "rank_modulo": rank_modulo,
+    "count_check_cuda": lambda: count_check(torch.cuda.device_count()),
+    "count_check_accelerator": lambda: count_check(torch.accelerator.device_count()),
+    "accelerator": accelerator,
+}
+
+
+def wanted() -> list[str]:
+    if "--only" not in sys.argv:
+        return list(IDIOMS)
+    names = sys.argv[sys.argv.index("--only") + 1].split(",")
+    unknown = set(names) - set(IDIOMS)
+    assert not unknown, f"no idiom {sorted(unknown)}; there are {list(IDIOMS)}"
+    return names
+
+
 def main() -> None:
-    chosen = {
-        "tutorial": tutorial(),
-        "rank_modulo": rank_modulo(),
-        "count_check_cuda": count_check(torch.cuda.device_count()),
-        "count_check_accelerator": count_check(torch.accelerator.device_count()),
-        "accelerator": accelerator(),
-    }
+    chosen = {name: IDIOMS[name]() for name in wanted()}
     backends = {backend for _, backend in chosen.values()}
     assert len(backends) == 1, f"the idioms disagree on the backend: {chosen}"
     dist.init_process_group(backends.pop())
     idioms = {
-        name: {"device": str(device), "backend": backend, "checksum": train(device, seed)}
-        for seed, (name, (device, backend)) in enumerate(chosen.items())
+        name: {"device": str(device), "backend": backend, "gpu": gpu_uuid(device),
+               "checksum": train(device, list(IDIOMS).index(name))}
+        for name, (device, backend) in chosen.items()
     }
     write_result(dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend(), idioms=idioms,
                  cuda_devices=torch.cuda.device_count(), accelerator=str(torch.accelerator.current_accelerator()))
     dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()

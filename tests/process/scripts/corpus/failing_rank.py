@@ -2,20 +2,21 @@
 workers and an open Pool), and rank 1 raising once every rank's children are up, while rank 0 keeps training.
 
 @record writes rank 1's traceback to its TORCHELASTIC_ERROR_FILE; the launcher must stop rank 0, exit non-zero,
-name the error, and leave no process of the job behind: neither rank's children nor rank 0."""
+name the error, and leave no process of the job behind: neither rank's children nor rank 0. `--device cuda`: nccl
+on the rank's GPU (corpus_results.init_group)."""
 
 import os
 import time
 
 import torch.distributed as dist
 from children import start_children
-from corpus_results import write_result
+from corpus_results import device_arg, init_group, write_result
 from torch.distributed.elastic.multiprocessing.errors import record
 
 
 @record
 def main() -> None:
-    dist.init_process_group("gloo")
+    init_group(device_arg())
     rank = dist.get_rank()
     _loader, _pool, facts = start_children()  # held until main ends: the children stay alive
     write_result(rank, world_size=dist.get_world_size(), error_file=os.environ.get("TORCHELASTIC_ERROR_FILE"),
