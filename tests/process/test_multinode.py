@@ -116,7 +116,7 @@ def test_a_failing_worker_ends_both_launchers(tmp_path: Path) -> None:
 
     Not sys.exit(7): ddpboot.shutdown() then destroys the process group at exit, the sibling on the same node sees
     the connection close and exits 1 while rank 3 is still tearing torch down, and the launcher's SIGTERM to rank 3
-    replaces its 7 with 143 (a root-cause race of the launcher, seen on one node too; reported to the lead)."""
+    replaces its 7 with 143 (a root-cause race of the launcher, seen on one node too)."""
     fail = tmp_path / "fail.py"
     fail.write_text(
         "import os, sys\nimport ddpboot\nctx = ddpboot.init()\n"

@@ -74,7 +74,7 @@ def test_both_patterns_train_and_agree(tmp_path: Path) -> None:
 def test_failing_worker_on_node1_ends_the_job_with_its_code(tmp_path: Path) -> None:
     """Rank 3 crashes with code 7 (os._exit: no teardown). Written with sys.exit(7) before the launcher existed;
     with sys.exit the process group's teardown at exit lets a sibling fail first with code 1 while rank 3 is still
-    exiting (a launcher root-cause race, reported to the lead), so the crash is modelled without teardown."""
+    exiting (a root-cause race of the launcher), so the crash is modelled without teardown."""
     fail = tmp_path / "fail.py"
     fail.write_text(
         "import os, sys, time\n"
