@@ -1,5 +1,6 @@
 """Smoke test of the local SLURM test cluster (scripts/ci/slurm-up): eight emulated nodes n1 .. n8 on this machine;
-the tests here use two of them (-N2).
+the tests here use two of them, n1 and n2, named (-w) so that another job's nodes still completing cannot move
+the allocation elsewhere.
 
 Checks the facts the SLURM support rests on against a real slurmctld/slurmd: what `srun` gives each
 task, that `sbatch --wait` returns the batch script's exit code, and that `scancel` ends a job's processes.
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slurm
 
 
 def test_srun_one_task_per_node(tmp_path: Path) -> None:
-    envs = task_envs(tmp_path, "-N2", "-n2")
+    envs = task_envs(tmp_path, "-N2", "-n2", "-w", "n[1-2]")
     assert len(envs) == 2
     for rank, env in enumerate(envs):
         assert env["SLURM_JOB_NODELIST"] == "n[1-2]"
@@ -34,7 +35,7 @@ def test_srun_one_task_per_node(tmp_path: Path) -> None:
 
 
 def test_srun_two_tasks_per_node(tmp_path: Path) -> None:
-    envs = task_envs(tmp_path, "-N2", "--ntasks-per-node=2")
+    envs = task_envs(tmp_path, "-N2", "--ntasks-per-node=2", "-w", "n[1-2]")
     assert [e["SLURM_PROCID"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["SLURM_NODEID"] for e in envs] == ["0", "0", "1", "1"]
     assert [e["SLURM_LOCALID"] for e in envs] == ["0", "1", "0", "1"]
@@ -74,7 +75,7 @@ def test_sbatch_wait_returns_the_exit_code(tmp_path: Path, code: int) -> None:
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
-        f"#SBATCH -N2 --ntasks-per-node=1 -t 1 -J ddpboot-test -o {tmp_path}/out.txt\n"
+        f"#SBATCH -N2 -w n[1-2] --ntasks-per-node=1 -t 1 -J ddpboot-test -o {tmp_path}/out.txt\n"
         'echo "batch $SLURM_CONF"\n'
         "srun bash -c 'echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_STEP_NODELIST $SLURM_CONF\"'\n"
         f"exit {code}\n"
