@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ddpboot.contract import is_tcp_port
+from ddpboot.cluster.base import parse_port
+from ddpboot.errors import WorkerEnvError
 
 POD_VAR = "KUBERNETES_SERVICE_HOST"
 """Set by Kubernetes in every container of every pod (also with `enableServiceLinks: false`)."""
@@ -48,6 +49,8 @@ def pytorchjob_master(env: Mapping[str, str]) -> PodMaster | None:
     nnodes = env.get("PET_NNODES", "").strip()
     if not env.get("PET_NODE_RANK", "").strip() or not nnodes or nnodes == "1":
         return None
-    raw_port = env.get("MASTER_PORT", "").strip()
-    port = int(raw_port) if raw_port.isdecimal() and raw_port.isascii() and is_tcp_port(int(raw_port)) else None
+    try:
+        port = parse_port("MASTER_PORT", env.get("MASTER_PORT", "")) if env.get("MASTER_PORT", "").strip() else None
+    except WorkerEnvError:
+        port = None
     return PodMaster(addr, port)
