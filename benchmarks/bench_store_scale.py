@@ -20,8 +20,12 @@ Then `--procs` client processes (default: one per CPU), released together, open 
 address exchange), then ADD to a barrier key and WAIT for the barrier's last arrival to SET "done" (a store-based
 barrier). Measured: release → last client done (wall), the slowest client's and the median client's own
 connect → done time, and the server process's CPU seconds (user + system: on a machine whose cores the
-clients also need, the steadier measure of the server's own cost). Nothing is asserted on the times (the exit
-status is 1 when a client got no answer); the Markdown table goes to stdout (benchmarks/RESULTS.md keeps the runs).
+clients also need, the steadier measure of the server's own cost), and the kernel's count of connections the
+listen queue could not take during the round (TcpExt ListenOverflows, for the whole host): a connection dropped
+there costs its client a retransmission, a second or more, so rounds with and without overflows differ by about
+that. Clients not done `--client-timeout` seconds after the release count as failed (one failed client holds every
+other at the barrier). Nothing is asserted on the times (the exit status is 1 when a client got no answer); the
+Markdown table goes to stdout (benchmarks/RESULTS.md keeps the runs).
 Every process raises its soft open-file limit to the hard limit; a count the hard limit cannot hold is skipped.
 """
 
@@ -120,8 +124,10 @@ class Client:
         return False
 
 
-def run_clients(port: int, first: int, count: int, world: int, release: float) -> dict[str, Any]:
-    """Clients first..first+count-1 of `world`, connecting at `release` (a time.time() instant)."""
+def run_clients(port: int, first: int, count: int, world: int, release: float, timeout: float) -> dict[str, Any]:
+    """Clients first..first+count-1 of `world`, connecting at `release` (a time.time() instant); `timeout`
+    seconds after it, the clients not done are counted as failed (one client that fails keeps every other from
+    passing the barrier)."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     while time.time() < release:
         time.sleep(min(0.001, max(release - time.time(), 0)))
@@ -137,7 +143,7 @@ def run_clients(port: int, first: int, count: int, world: int, release: float) -
         sel.register(sock, selectors.EVENT_WRITE)
     took: list[float] = []
     errors: list[str] = []
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + timeout
     while len(took) + len(errors) < count and time.monotonic() < deadline:
         for key, events in sel.select(1.0):
             client = clients[key.fd]
@@ -179,18 +185,32 @@ def server_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_round(kind: str, clients: int, procs: int) -> dict[str, Any]:
+def listen_counters() -> dict[str, int]:
+    """The kernel's TcpExt counters of connections a listen queue could not take (/proc/net/netstat):
+    ListenOverflows (a full accept queue: the handshake's last ACK is dropped, the client retransmits),
+    ListenDrops (every drop at a listener) and SyncookiesSent (a full SYN queue)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    names, values = next((lines[i].split(), lines[i + 1].split()) for i in range(0, len(lines), 2)
+                         if lines[i].startswith("TcpExt:"))
+    table = dict(zip(names[1:], (int(v) for v in values[1:]), strict=True))
+    return {k: table.get(k, 0) for k in ("ListenOverflows", "ListenDrops", "SyncookiesSent")}
+
+
+def one_round(kind: str, clients: int, procs: int, timeout: float) -> dict[str, Any]:
     server, port = start_server(kind)
     try:
         cpu_before = server_cpu(server.pid)  # its start (torch's import) left out
+        counters_before = listen_counters()
         release = time.time() + 1.0 + clients / 8192
         share = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         firsts = [sum(share[:i]) for i in range(procs)]
         runners = [subprocess.Popen([sys.executable, __file__, "--client", str(port), str(first), str(n),
-                                     str(clients), repr(release)], stdout=subprocess.PIPE, text=True)
+                                     str(clients), repr(release), repr(timeout)], stdout=subprocess.PIPE,
+                                    text=True)
                    for first, n in zip(firsts, share, strict=True)]
         results = [json.loads(p.communicate()[0]) for p in runners]
         cpu = server_cpu(server.pid) - cpu_before
+        counters = {k: v - counters_before[k] for k, v in listen_counters().items()}
     finally:
         server.kill()
         server.wait()
@@ -202,6 +222,8 @@ def one_round(kind: str, clients: int, procs: int) -> dict[str, Any]:
         "median": statistics.median(took) if took else float("nan"),
         "failed": clients - len(took),
         "cpu": cpu,
+        "overflows": counters["ListenOverflows"],
+        "syncookies": counters["SyncookiesSent"],
         "errors": errors[:3],
     }
 
@@ -217,6 +239,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="ddpboot,torch",
                         help="ddpboot, torch, ddpboot-open (no owner check), torch-any")
+    parser.add_argument("--client-timeout", type=float, default=60.0,
+                        help="seconds after the release at which clients not done count as failed (default 60)")
     args = parser.parse_args()
     kinds = args.servers.split(",")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -228,33 +252,35 @@ def main() -> None:
         got: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
         for n in range(args.rounds):
             for kind in kinds[n % len(kinds):] + kinds[: n % len(kinds)]:
-                result = one_round(kind, clients, args.procs)
+                result = one_round(kind, clients, args.procs, args.client_timeout)
                 print(f"{clients} clients, round {n}, {kind}: {result}", file=sys.stderr, flush=True)
-                for key in ("wall", "slowest", "median", "failed", "cpu"):
+                for key in ("wall", "slowest", "median", "failed", "cpu", "overflows"):
                     got[kind].setdefault(key, []).append(result[key])
         rows.append((clients, got))
     print(f"Machine: {machine()}\n")
     print(f"`python3 benchmarks/bench_store_scale.py --clients {args.clients} --procs {args.procs} "
           f"--rounds {args.rounds} --servers {args.servers}`; median (min–max) of {args.rounds} rounds\n")
     ratio_of = kinds[0] if "torch" in kinds and kinds[0] != "torch" else None
-    print("| clients | server | slowest client | median client | release → all done | server CPU | failed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| clients | server | slowest client | median client | release → all done | server CPU | accept-queue "
+          "overflows | failed |")
+    print("|---|---|---|---|---|---|---|---|")
     for clients, got in rows:
         for k in kinds:
             print(f"| {clients:,} | {k} | {ms(got[k]['slowest'])} | {ms(got[k]['median'])} | {ms(got[k]['wall'])} | "
-                  f"{ms(got[k]['cpu'])} | {max(got[k]['failed']):.0f} |")
+                  f"{ms(got[k]['cpu'])} | {', '.join(f'{o:,}' for o in got[k]['overflows'])} | "
+                  f"{max(got[k]['failed']):.0f} |")
         if ratio_of:
             ratio = {m: statistics.median(got[ratio_of][m]) / statistics.median(got["torch"][m]) for m in
                      ("slowest", "median", "wall", "cpu")}
             print(f"| {clients:,} | {ratio_of}/torch | {ratio['slowest']:.2f}× | {ratio['median']:.2f}× | "
-                  f"{ratio['wall']:.2f}× | {ratio['cpu']:.2f}× | |")
+                  f"{ratio['wall']:.2f}× | {ratio['cpu']:.2f}× | | |")
     if any(max(got[k]["failed"]) for _, got in rows for k in kinds):
         sys.exit("bench_store_scale: some clients got no answer (the table's last column; the log names why)")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--client":
+    if len(sys.argv) == 8 and sys.argv[1] == "--client":
         port, first, count, world = (int(a) for a in sys.argv[2:6])
-        print(json.dumps(run_clients(port, first, count, world, float(sys.argv[6]))))
+        print(json.dumps(run_clients(port, first, count, world, float(sys.argv[6]), float(sys.argv[7]))))
     else:
         main()

@@ -22,7 +22,7 @@ import os
 import pwd
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,24 +136,39 @@ class OwnerGate:
 
     def admit(self, sock: socket.socket) -> bool:
         """Whether `sock` (just accepted) may be served; the caller closes it when not."""
+        return self.admit_many([sock])[0]
+
+    def admit_many(self, socks: Sequence[socket.socket]) -> list[bool]:
+        """`admit` for each socket of a burst accepted together: their owners are looked up in one batch."""
+        verdicts = [True] * len(socks)
+        asked: list[int] = []  # indexes of the loopback connections, whose owner decides
+        ends: list[tuple[Endpoint, Endpoint]] = []  # (the client's side, ours) of each
+        for index, sock in enumerate(socks):
+            try:
+                peer, own = sock.getpeername()[:2], sock.getsockname()[:2]
+            except OSError:  # reset by the client before we looked
+                verdicts[index] = False
+                continue
+            if is_loopback_peer(peer[0]):
+                asked.append(index)
+                ends.append((peer, own))
+        if not asked:
+            return verdicts
         try:
-            peer, own = sock.getpeername()[:2], sock.getsockname()[:2]
-        except OSError:  # reset by the client before we looked
-            return False
-        if not is_loopback_peer(peer[0]):
-            return True
-        try:
-            found = self.tables.find(local=peer, remote=own)
+            found = self.tables.find_many(ends)
         except TablesUnavailable as exc:
             if not self.blind:
                 self.blind = True
                 self.warn(f"cannot tell which user a connection comes from ({exc}); serving every local connection")
-            return True
-        verdict = judge(found, self.allowed)
-        if not verdict.allowed and verdict.uid not in self.reported:
-            self.reported.add(verdict.uid)
-            self.warn(refusal_message(verdict, peer, self.allowed, pid_of_socket(verdict.inode)))
-        return verdict.allowed
+            return verdicts
+        for index, (peer, _), entry in zip(asked, ends, found, strict=True):
+            verdict = judge(entry, self.allowed)
+            if not verdict.allowed:
+                verdicts[index] = False
+                if verdict.uid not in self.reported:
+                    self.reported.add(verdict.uid)
+                    self.warn(refusal_message(verdict, peer, self.allowed, pid_of_socket(verdict.inode)))
+        return verdicts
 
     def close(self) -> None:
         self.tables.close()

@@ -23,7 +23,7 @@ import contextlib
 import errno
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,9 @@ DIAG_COUNTERS = struct.Struct("=IIIII")  # expires, receive queue, send queue, u
 NO_COOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: match the socket by its addresses only
 ALL_STATES = 0xFFFFFFFF
 NETLINK_TIMEOUT = 1.0  # seconds; the kernel answers in microseconds, so a silent netlink socket is broken
+# Requests sent in one datagram: their answers (about 1 KiB each as the kernel accounts them) must fit the netlink
+# socket's default receive buffer (208 KiB), or the kernel drops some and the lookup waits for NETLINK_TIMEOUT.
+NETLINK_BATCH = 64
 
 _WORD = struct.Struct("=I")  # /proc/net/tcp* print each 32-bit word of an address as the host reads it
 
@@ -217,19 +220,44 @@ class SocketTables:
                 self.close()
         return self.find_in_proc(local, remote)
 
+    def find_many(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
+        """`find` for each (local, remote) pair, in order: over netlink, one request message per pair and one send
+        per NETLINK_BATCH pairs (a burst of connections accepted together is judged in a few system calls)."""
+        if not self.netlink_broken:
+            try:
+                return self.find_many_by_netlink(pairs)
+            except OSError:
+                self.netlink_broken = True
+                self.close()
+        return [self.find_in_proc(local, remote) for local, remote in pairs]
+
     def find_by_netlink(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
+        return self.find_many_by_netlink([(local, remote)])[0]
+
+    def find_many_by_netlink(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
         if self.netlink is None:
             self.netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
             self.netlink.settimeout(NETLINK_TIMEOUT)
-        self.sequence = (self.sequence + 1) & 0xFFFFFFFF
-        self.netlink.sendto(diag_request(local, remote, self.sequence), (0, 0))
-        while True:  # skip the late answers of an earlier request that timed out
-            for sequence, entry in parse_diag_reply(self.netlink.recv(1 << 16)):
-                if sequence != self.sequence:
-                    continue
-                # Without an established match the kernel answers a listener on `local`: not the client.
-                matches = entry is not None and _same(entry.local, local) and _same(entry.remote, remote)
-                return entry if matches else None
+        found: list[SocketEntry | None] = [None] * len(pairs)
+        for start in range(0, len(pairs), NETLINK_BATCH):
+            asked: dict[int, int] = {}  # sequence -> index in pairs
+            messages = []
+            for index in range(start, min(start + NETLINK_BATCH, len(pairs))):
+                self.sequence = (self.sequence + 1) & 0xFFFFFFFF
+                asked[self.sequence] = index
+                messages.append(diag_request(*pairs[index], self.sequence))
+            # The kernel runs every request of one datagram and answers each with a message of its own.
+            self.netlink.sendto(b"".join(messages), (0, 0))
+            while asked:
+                for sequence, entry in parse_diag_reply(self.netlink.recv(1 << 16)):
+                    index = asked.pop(sequence, -1)
+                    if index < 0:  # a late answer of an earlier request that timed out
+                        continue
+                    local, remote = pairs[index]
+                    # Without an established match the kernel answers a listener on `local`: not the client.
+                    if entry is not None and _same(entry.local, local) and _same(entry.remote, remote):
+                        found[index] = entry
+        return found
 
     def find_in_proc(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
         read = 0

@@ -50,9 +50,10 @@ class ProtocolError(Exception):
 
 
 class Reader:
-    """Reads one request's fields out of a buffer, raising NeedMore when it runs short."""
+    """Reads one request's fields out of a buffer (a connection's bytearray, or a view of the bytes just
+    received), raising NeedMore when it runs short."""
 
-    def __init__(self, buf: bytearray) -> None:
+    def __init__(self, buf: bytearray | memoryview) -> None:
         self.buf = buf
         self.pos = 0
 

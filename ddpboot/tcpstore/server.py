@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import socket
 import sys
@@ -35,14 +36,19 @@ from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
 from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader
 
 TRACE_VAR = "DDPBOOT_STORE_TRACE"
+ACCEPT_BATCH = 4096  # connections accepted, then judged together, before other clients are served again
+ACCEPT_EVERY = 256  # ready clients served between two looks at the listen queue
+READY_BATCH = 4096  # ready sockets taken from the server's own epoll per handle()
 
 
 class StoreServer:
-    """torch's TCPStore server protocol over a selectors loop that the caller owns.
+    """torch's TCPStore server protocol, inside a selectors loop that the caller owns.
 
-    `register()` adds the listening socket to the caller's selector; the caller passes every ready key whose
-    `data` is this server to `handle()`. Single-threaded: requests are answered in arrival order, and a WAIT
-    is parked until its keys exist.
+    The server watches its listener and every client in an epoll of its own; `register()` adds that one epoll to
+    the caller's selector, and the caller passes every ready key whose `data` is this server to `handle()`, which
+    serves whatever is ready. (A selector's per-event bookkeeping was a large share of the server's time with
+    thousands of clients; benchmarks/RESULTS.md.) Single-threaded: requests are answered in arrival order, and a
+    WAIT is parked until its keys exist.
 
     `allowed_uids`: the uids whose loopback connections are served; by default the server process's own uid and
     root (0). None turns the check off (only for tests of a store open to every local user).
@@ -66,6 +72,9 @@ class StoreServer:
         self._received = bytearray(1 << 16)  # every recv lands here: no buffer allocated per read
         self._received_view = memoryview(self._received)
         self.sel: selectors.BaseSelector | None = None
+        self.poll = select.epoll()
+        self.listen_fd = listener.fileno()
+        self.poll.register(self.listen_fd, select.EPOLLIN)
         self.store = KeyValues(wake=self._flush)
         self.clients: dict[int, Connection] = {}
         self.warn = warn or (lambda msg: print(f"ddpboot: store: {msg}", file=sys.stderr, flush=True))
@@ -91,19 +100,27 @@ class StoreServer:
 
     def register(self, sel: selectors.BaseSelector) -> None:
         self.sel = sel
-        sel.register(self.listener, selectors.EVENT_READ, self)
+        sel.register(self.poll.fileno(), selectors.EVENT_READ, self)
 
-    def handle(self, key: selectors.SelectorKey, events: int) -> None:
-        if key.fileobj is self.listener:
+    def handle(self, key: selectors.SelectorKey | None = None, events: int = 0) -> None:
+        """Serve what is ready now: new connections, requests, room to send answers (never blocks).
+
+        The listen queue is emptied first and again every ACCEPT_EVERY events: while thousands of ranks connect
+        at once, a queue left full makes the kernel drop their handshakes (each dropped one costs its client a
+        retransmission, a second or more), whereas a request that waits a little costs nothing more."""
+        ready_now = self.poll.poll(0, READY_BATCH)
+        if any(fd == self.listen_fd for fd, _ in ready_now):
             self._accept()
-            return
-        client = self.clients.get(key.fd)
-        if client is None:
-            return
-        if events & selectors.EVENT_WRITE:
-            self._flush(client)
-        if events & selectors.EVENT_READ and key.fd in self.clients:
-            self._read(client)
+        for count, (fd, ready) in enumerate(ready_now, 1):
+            if count % ACCEPT_EVERY == 0:
+                self._accept()
+            client = self.clients.get(fd)
+            if client is None:
+                continue
+            if ready & select.EPOLLOUT:
+                self._flush(client)
+            if ready & ~select.EPOLLOUT and fd in self.clients:  # data, or the peer's hang-up or an error
+                self._read(client)
 
     def reset(self) -> None:
         """Forget every key, queue and connection: the next attempt starts from an empty store."""
@@ -115,7 +132,8 @@ class StoreServer:
         self.reset()
         if self.sel is not None:
             with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(self.listener)
+                self.sel.unregister(self.poll.fileno())
+        self.poll.close()
         self.listener.close()
         if self.gate is not None:
             self.gate.close()
@@ -123,34 +141,42 @@ class StoreServer:
     # --- connections -----------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        assert self.sel is not None
-        while True:
+        """Take every connection waiting in the listen queue (up to ACCEPT_BATCH), then judge them together: a
+        burst of ranks connecting at once leaves the queue quickly, so the kernel drops none of their SYNs (a
+        dropped SYN costs that client a second)."""
+        accepted: list[socket.socket] = []
+        while len(accepted) < ACCEPT_BATCH:
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
                 self._warn_once("accept", f"cannot accept a connection: {exc}")
-                return
-            if not self._admit(sock):
+                break
+            accepted.append(sock)
+        for sock, admitted in zip(accepted, self._admit(accepted), strict=True):
+            if not admitted:
                 sock.close()  # unread: the client gets no answer
                 continue
             sock.setblocking(False)
-            self.clients[sock.fileno()] = Connection(sock)
-            self.sel.register(sock, selectors.EVENT_READ, self)
+            fd = sock.fileno()
+            self.clients[fd] = Connection(sock)
+            self.poll.register(fd, select.EPOLLIN)
 
-    def _admit(self, sock: socket.socket) -> bool:
+    def _admit(self, socks: list[socket.socket]) -> list[bool]:
         """The address rule first (a refused host is not looked up in the socket tables), then the uid rule."""
-        if self.hosts is not None and not self.hosts.admit(sock):
-            return False
-        return self.gate is None or self.gate.admit(sock)
+        verdicts = [self.hosts.admit(sock) for sock in socks] if self.hosts is not None else [True] * len(socks)
+        if self.gate is None:
+            return verdicts
+        owners = iter(self.gate.admit_many([sock for sock, ok in zip(socks, verdicts, strict=True) if ok]))
+        return [ok and next(owners) for ok in verdicts]
 
     def _drop(self, client: Connection) -> None:
         self.store.unpark(client)
         fd = client.sock.fileno()
-        if self.sel is not None and fd >= 0:
-            with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(client.sock)
+        if fd >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                self.poll.unregister(fd)
         self.clients.pop(fd, None)
         client.sock.close()
 
@@ -165,27 +191,38 @@ class StoreServer:
         if not size:
             self._drop(client)
             return
-        client.inbuf += self._received_view[:size]
-        while len(client.inbuf) >= client.need:
-            reader = Reader(client.inbuf)
+        # Requests are parsed where they landed; only an unfinished one is kept, in the connection's inbuf.
+        pending = bool(client.inbuf)
+        if pending:
+            client.inbuf += self._received_view[:size]
+        data = client.inbuf if pending else self._received_view[:size]
+        reader = Reader(data)
+        while len(data) - reader.pos >= client.need:
+            start = reader.pos
             try:
-                self._execute(client, reader)
+                self._execute(client, reader, start)
             except NeedMore as more:
-                client.need = more.total
+                reader.pos = start
+                client.need = more.total - start
                 break
             except ProtocolError as exc:
                 self._warn_once(str(exc), f"closing a client connection: {exc}")
                 self._drop(client)
                 return
-            del client.inbuf[: reader.pos]
             client.need = 1
+        if pending:
+            del client.inbuf[: reader.pos]
+        elif reader.pos < size:
+            client.inbuf += data[reader.pos :]
         self._flush(client)
 
-    def _execute(self, client: Connection, reader: Reader) -> None:
-        """Run the request at the start of `reader` (NeedMore when it has not all arrived yet)."""
+    def _execute(self, client: Connection, reader: Reader, start: int) -> None:
+        """Run the request at `start` in `reader` (NeedMore when it has not all arrived yet)."""
         query = reader.u8()
         if self.trace is not None:
-            self.trace.write(f"{time.time():.4f} fd {client.sock.fileno()} type {query} {bytes(reader.buf[:64])!r}\n")
+            self.trace.write(
+                f"{time.time():.4f} fd {client.sock.fileno()} type {query} {bytes(reader.buf[start : start + 64])!r}\n"
+            )
         self.store.execute(query, client, reader)
 
     def _flush(self, client: Connection) -> None:
@@ -202,10 +239,9 @@ class StoreServer:
             del client.outbuf[:sent]
         writing = bool(client.outbuf)
         if writing != client.writing:  # the selector is asked to change only when this changes
-            assert self.sel is not None
             client.writing = writing
-            with contextlib.suppress(KeyError, ValueError):
-                self.sel.modify(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0), self)
+            with contextlib.suppress(OSError, ValueError):
+                self.poll.modify(client.sock.fileno(), select.EPOLLIN | (select.EPOLLOUT if writing else 0))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

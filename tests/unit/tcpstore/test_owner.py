@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,23 @@ def test_without_any_socket_table_every_connection_is_served_with_one_warning(
     gate.tables.netlink_broken = True
     assert gate.admit(connection[1]) and gate.admit(connection[1])
     assert len(warnings) == 1 and "serving every local connection" in warnings[0], warnings
+
+
+def test_a_burst_is_judged_socket_by_socket(connection: tuple[socket.socket, socket.socket]) -> None:
+    """admit_many: the owner's connection in, a socket already reset by its client out, in their places."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    gone = socket.create_connection(listener.getsockname())
+    gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends a reset
+    accepted_gone, _ = listener.accept()
+    gone.close()
+    warnings: list[str] = []
+    gate = OwnerGate(frozenset({os.getuid()}), warnings.append)
+    try:
+        assert gate.admit_many([connection[1], accepted_gone, connection[1]]) == [True, False, True]
+        assert gate.admit_many([]) == []
+    finally:
+        gate.close()
+        accepted_gone.close()
+        listener.close()

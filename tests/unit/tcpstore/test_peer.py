@@ -15,6 +15,7 @@ import pytest
 from ddpboot.tcpstore.peer import (
     ESTABLISHED,
     FIN_WAIT2,
+    NETLINK_BATCH,
     TIME_WAIT,
     SocketEntry,
     SocketTables,
@@ -182,3 +183,29 @@ def test_without_proc_and_netlink_the_tables_are_unavailable(
     tables.netlink_broken = True
     with pytest.raises(TablesUnavailable):
         tables.find(peer, own)
+
+
+def test_a_burst_of_connections_is_looked_up_in_batches_in_order() -> None:
+    """More connections than one netlink datagram carries: every answer lands at its own pair's place, and a pair
+    with no socket (a wrong peer) is None between found ones."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(512)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(3 * NETLINK_BATCH + 5)]
+    accepted = [listener.accept()[0] for _ in clients]
+    tables = SocketTables()
+    try:
+        pairs = [_ends(a) for a in accepted]
+        missing = 2 * NETLINK_BATCH + 1
+        pairs[missing] = (pairs[missing][0], (pairs[missing][1][0], 1))  # a peer that does not exist
+        found = tables.find_many(pairs)
+        inodes = [os.fstat(c.fileno()).st_ino for c in clients]
+    finally:
+        tables.close()
+        for s in (*clients, *accepted, listener):
+            s.close()
+    assert found[missing] is None and not tables.netlink_broken
+    for index, (entry, (peer, own)) in enumerate(zip(found, pairs, strict=True)):
+        if index != missing:
+            assert entry is not None, index
+            assert (entry.local, entry.remote, entry.uid, entry.inode) == (peer, own, os.getuid(), inodes[index])
