@@ -141,6 +141,29 @@ def open_files_needed(local_ranks: int, served_ranks: int, nnodes: int = 1) -> i
     return max(launcher, store)
 
 
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+
+
+def listen_queue_note(served_ranks: int, nnodes: int, somaxconn: Path = SOMAXCONN) -> str | None:
+    """A note when more connections can reach this node's store at once than the kernel lets wait in its listen
+    queue: net.core.somaxconn caps every listen backlog (the store asks for 65535). Connections beyond it are
+    dropped during their handshake and retried by the client's kernel a second or more later, which then sets the
+    whole job's rendezvous time (benchmarks/RESULTS.md). None when they fit, or the limit cannot be read."""
+    at_once = served_ranks + nnodes  # every rank's first store client, and each node's check-in
+    try:
+        limit = int(somaxconn.read_text())
+    except (OSError, ValueError):
+        return None
+    if not served_ranks or at_once <= limit:
+        return None
+    return (
+        f"this node's store may get {at_once} connections at once, but the kernel queues at most {limit} waiting "
+        f"connections per listening socket (net.core.somaxconn); those beyond it are dropped and retried a second "
+        f"or more later, which delays every rank's start. To avoid that, raise it on this node before starting "
+        f"ddpboot: `sysctl -w net.core.somaxconn={at_once}` (as root)."
+    )
+
+
 def check_rank_count(ranks: int, oversubscribe: bool) -> None:
     """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows, or (unless
     `oversubscribe`) more than RANKS_PER_CORE ranks per usable core. The open-file limit is checked once the plan

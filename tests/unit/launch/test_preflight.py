@@ -18,6 +18,7 @@ from ddpboot.launch.preflight import (
     check_target,
     ensure_open_files,
     is_module_name,
+    listen_queue_note,
     open_files_needed,
 )
 from ddpboot.launch.spec import Target
@@ -153,3 +154,15 @@ def test_a_hard_open_file_limit_below_the_stores_need_is_refused_with_what_to_ra
     for remedy in ("ulimit -Hn 17472", "LimitNOFILE=17472", "/etc/security/limits.conf"):
         assert remedy in message
     assert calls == []
+
+
+def test_a_store_that_may_get_more_connections_than_the_listen_queue_holds_says_what_to_raise(tmp_path: Path) -> None:
+    somaxconn = tmp_path / "somaxconn"
+    somaxconn.write_text("4096\n")
+    note = listen_queue_note(8192, 1024, somaxconn)
+    assert note is not None
+    assert "9216 connections at once" in note and "at most 4096" in note
+    assert "sysctl -w net.core.somaxconn=9216" in note
+    assert listen_queue_note(4000, 96, somaxconn) is None  # 4096: they fit
+    assert listen_queue_note(0, 2, somaxconn) is None  # this node does not serve the store
+    assert listen_queue_note(8192, 1024, tmp_path / "missing") is None  # no limit to read: nothing to say
