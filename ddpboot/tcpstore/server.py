@@ -46,9 +46,9 @@ class StoreServer:
 
     The server watches its listener and every client in an epoll of its own; `register()` adds that one epoll to
     the caller's selector, and the caller passes every ready key whose `data` is this server to `handle()`, which
-    serves whatever is ready. (A selector's per-event bookkeeping was a large share of the server's time with
-    thousands of clients; benchmarks/RESULTS.md.) Single-threaded: requests are answered in arrival order, and a
-    WAIT is parked until its keys exist.
+    serves whatever is ready, the listen queue first (so the server, not the caller's loop, decides when
+    connections are accepted). Single-threaded: requests are answered in arrival order, and a WAIT is parked until
+    its keys exist.
 
     `allowed_uids`: the uids whose loopback connections are served; by default the server process's own uid and
     root (0). None turns the check off (only for tests of a store open to every local user).
@@ -142,8 +142,8 @@ class StoreServer:
 
     def _accept(self) -> None:
         """Take every connection waiting in the listen queue (up to ACCEPT_BATCH), then judge them together: a
-        burst of ranks connecting at once leaves the queue quickly, so the kernel drops none of their SYNs (a
-        dropped SYN costs that client a second)."""
+        burst of ranks connecting at once leaves the queue quickly, so that fewer of their handshakes are dropped
+        while it is full (each dropped one costs its client a retransmission, a second or more)."""
         accepted: list[socket.socket] = []
         while len(accepted) < ACCEPT_BATCH:
             try:
