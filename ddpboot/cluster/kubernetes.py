@@ -49,8 +49,9 @@ def pytorchjob_master(env: Mapping[str, str]) -> PodMaster | None:
     nnodes = env.get("PET_NNODES", "").strip()
     if not env.get("PET_NODE_RANK", "").strip() or not nnodes or nnodes == "1":
         return None
+    raw_port = env.get("MASTER_PORT", "")
     try:
-        port = parse_port("MASTER_PORT", env.get("MASTER_PORT", "")) if env.get("MASTER_PORT", "").strip() else None
+        port = parse_port("MASTER_PORT", raw_port) if raw_port.strip() else None
     except WorkerEnvError:
         port = None
     return PodMaster(addr, port)

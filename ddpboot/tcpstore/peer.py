@@ -212,13 +212,7 @@ class SocketTables:
     def find(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
         """The socket whose own side is `local` and other side `remote`, or None when the kernel has none;
         TablesUnavailable when there is no table to look in."""
-        if not self.netlink_broken:
-            try:
-                return self.find_by_netlink(local, remote)
-            except OSError:
-                self.netlink_broken = True
-                self.close()
-        return self.find_in_proc(local, remote)
+        return self.find_many([(local, remote)])[0]
 
     def find_many(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
         """`find` for each (local, remote) pair, in order: over netlink, one request message per pair and one send
