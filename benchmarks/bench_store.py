@@ -43,7 +43,7 @@ from ddpboot.tcpstore.address import bind_store_socket
 from ddpboot.tcpstore.server import StoreServer
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-listener = bind_store_socket("127.0.0.1", None)
+listener = bind_store_socket("127.0.0.1", None, listeners=int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 options = {} if sys.argv[1] == "check" else {"allowed_uids": None}
 server = StoreServer(listener, **options)
 sel = selectors.DefaultSelector()

@@ -4,8 +4,10 @@
 
 For each client count and round, each server is started fresh in its own process (the order alternates by round):
 
-- `ddpboot`: `StoreServer` on a socket bound as the launcher binds it (tcpstore/address.py), the owner check on,
-  as a job runs it (`--servers ddpboot-open` adds it without the check);
+- `ddpboot`: `StoreServer` on sockets bound as the launcher binds them for that many ranks on one node
+  (tcpstore/address.py: one socket, or a SO_REUSEPORT group where one listen queue cannot hold them all), the
+  owner check on, as a job runs it (`--servers ddpboot-open` adds it without the check, `ddpboot-one` on one
+  socket whatever the count, as before the groups);
 - `torch`: `torch.distributed.TCPStore(host, port, is_master=True, use_libuv=True, wait_for_workers=False,
   master_listen_fd=FD)` on a socket bound the same way (what `ddpboot --store torch` runs);
 - `torch-any` (only when asked for): the same, but torch binds port 0 itself, on "::" as torchrun's store does. Its
@@ -49,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import SERVER, machine
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 VALUE = b"x" * 64  # about what gloo publishes per rank (its address)
 
 DDPBOOT_SERVER = SERVER  # bench_store's server script: argv[1] 'check' keeps the owner check on
@@ -170,11 +173,22 @@ def run_clients(port: int, first: int, count: int, world: int, release: float, t
     return {"took": took, "errors": errors, "unfinished": count - len(took) - len(errors), "end": end}
 
 
-def start_server(kind: str) -> tuple[subprocess.Popen[str], int]:
+def listeners_for(kind: str, clients: int) -> int:
+    """The listening sockets a launcher gives ddpboot's store for `clients` ranks on one node (a SO_REUSEPORT group
+    where one listen queue cannot hold them: launch/preflight.py); `ddpboot-one`: always one."""
+    if kind.startswith("torch") or kind == "ddpboot-one":
+        return 1
+    from ddpboot.launch.preflight import listen_queue
+
+    return listen_queue(clients, 1).sockets
+
+
+def start_server(kind: str, clients: int) -> tuple[subprocess.Popen[str], int]:
     code = TORCH_SERVER if kind.startswith("torch") else DDPBOOT_SERVER
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    mode = kind if kind.startswith("torch") else "check"
-    proc = subprocess.Popen([sys.executable, "-c", code, mode], stdout=subprocess.PIPE, text=True, env=env)
+    mode = kind if kind.startswith("torch") else "open" if kind == "ddpboot-open" else "check"
+    proc = subprocess.Popen([sys.executable, "-c", code, mode, str(listeners_for(kind, clients))],
+                            stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -197,7 +211,7 @@ def listen_counters() -> dict[str, int]:
 
 
 def one_round(kind: str, clients: int, procs: int, timeout: float) -> dict[str, Any]:
-    server, port = start_server(kind)
+    server, port = start_server(kind, clients)
     try:
         cpu_before = server_cpu(server.pid)  # its start (torch's import) left out
         counters_before = listen_counters()
@@ -225,6 +239,7 @@ def one_round(kind: str, clients: int, procs: int, timeout: float) -> dict[str, 
         "overflows": counters["ListenOverflows"],
         "syncookies": counters["SyncookiesSent"],
         "errors": errors[:3],
+        "listeners": listeners_for(kind, clients),
     }
 
 
@@ -238,7 +253,8 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="client processes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="ddpboot,torch",
-                        help="ddpboot, torch, ddpboot-open (no owner check), torch-any")
+                        help="ddpboot, torch, ddpboot-open (no owner check), ddpboot-one (one listening socket "
+                             "whatever the count), torch-any")
     parser.add_argument("--client-timeout", type=float, default=60.0,
                         help="seconds after the release at which clients not done count as failed (default 60)")
     args = parser.parse_args()

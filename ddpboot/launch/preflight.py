@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.errors import UsageError
@@ -144,24 +145,44 @@ def open_files_needed(local_ranks: int, served_ranks: int, nnodes: int = 1) -> i
 SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
 
 
-def listen_queue_note(served_ranks: int, nnodes: int, somaxconn: Path = SOMAXCONN) -> str | None:
-    """A note when more connections can reach this node's store at once than the kernel lets wait in its listen
-    queue: net.core.somaxconn caps every listen backlog (the store asks for 65535). Connections beyond it are
-    dropped during their handshake and retried by the client's kernel a second or more later, which then sets the
-    whole job's rendezvous time (benchmarks/RESULTS.md). None when they fit, or the limit cannot be read."""
+MAX_LISTENERS = 32  # 131,072 connections at the default cap; each costs one file (FILES_MARGIN)
+LISTEN_HEADROOM = 1.5
+"""Listen-queue room per connection that may arrive at once: the kernel spreads a SO_REUSEPORT group's connections
+by a hash of their addresses, so one queue gets more than its share."""
+
+
+@dataclass(frozen=True)
+class ListenQueue:
+    """How this node's store listens: `sockets` (1, or a SO_REUSEPORT group: tcpstore/address.py), and a note when
+    even they cannot queue every connection that may arrive at once."""
+
+    sockets: int = 1
+    note: str | None = None
+
+
+def listen_queue(served_ranks: int, nnodes: int, backend: str = "python", somaxconn: Path = SOMAXCONN) -> ListenQueue:
+    """net.core.somaxconn caps every listen queue (the store asks for 65535). Connections beyond it are dropped
+    during their handshake and retried by the client's kernel a second or more later, which then sets the whole
+    job's rendezvous time (benchmarks/RESULTS.md). ddpboot's store then listens on enough sockets of one port that
+    their queues hold them all; torch's serves one socket (`--store torch`), and the note names the sysctl."""
     at_once = served_ranks + nnodes  # every rank's first store client, and each node's check-in
     try:
         limit = int(somaxconn.read_text())
     except (OSError, ValueError):
-        return None
-    if not served_ranks or at_once <= limit:
-        return None
-    return (
-        f"this node's store may get {at_once} connections at once, but the kernel queues at most {limit} waiting "
-        f"connections per listening socket (net.core.somaxconn); those beyond it are dropped and retried a second "
-        f"or more later, which delays every rank's start. To avoid that, raise it on this node before starting "
-        f"ddpboot: `sysctl -w net.core.somaxconn={at_once}` (as root)."
-    )
+        return ListenQueue()
+    if not served_ranks or at_once <= limit or limit <= 0:
+        return ListenQueue()
+    sockets = 1 if backend == "torch" else min(MAX_LISTENERS, -(-int(at_once * LISTEN_HEADROOM) // limit))
+    if sockets * limit >= at_once * LISTEN_HEADROOM:
+        return ListenQueue(sockets)
+    needed = -(-int(at_once * LISTEN_HEADROOM) // sockets)  # the queue each socket would need
+    queues = "one listening socket (--store torch: torch's server)" if sockets == 1 else f"{sockets} listening sockets"
+    return ListenQueue(sockets, (
+        f"this node's store may get {at_once} connections at once, more than its {queues} can queue: the kernel "
+        f"caps each queue at {limit} waiting connections (net.core.somaxconn). Connections beyond that are dropped "
+        f"and retried a second or more later, which delays every rank's start. To avoid it, raise the cap on this "
+        f"node before starting ddpboot: `sysctl -w net.core.somaxconn={needed}` (as root)."
+    ))
 
 
 def check_rank_count(ranks: int, oversubscribe: bool) -> None:

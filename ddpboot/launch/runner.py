@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig
 from ddpboot.launch.logs import run_dir
-from ddpboot.launch.preflight import ensure_open_files, listen_queue_note
+from ddpboot.launch.preflight import ensure_open_files, listen_queue
 from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.nodes.launcher import bind_node_store, new_run_id
@@ -163,9 +163,10 @@ def _run(config: LaunchConfig) -> int:
         # before the store listens: room for this node's ranks and, on node 0, every rank's store connection
         served = len(plan.ranks) * nodes.nnodes if nodes.node_rank == 0 else 0
         ensure_open_files(len(plan.ranks), served, nodes.nnodes)
-        if (queue_note := listen_queue_note(served, nodes.nnodes)) is not None:
-            say(f"note: {queue_note}")
-        listener = bind_node_store(nodes, config.store_address)
+        queue = listen_queue(served, nodes.nnodes, config.store)
+        if queue.note is not None:
+            say(f"note: {queue.note}")
+        listener = bind_node_store(nodes, config.store_address, queue.sockets)
         stack.callback(listener.close)
         allow, allow_notes = store_allow_list(nodes, env, config.store_allow, config.store)
         for note in allow_notes:

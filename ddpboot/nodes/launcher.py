@@ -135,13 +135,14 @@ def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
     return StoreAddress(addr, addr, port or None)
 
 
-def bind_node_store(nodes: NodeSetup, store: StoreAddress) -> socket.socket:
-    """The store's socket: on the master address for node 0 (or one node); on other nodes a private loopback one
-    that nobody uses, since their workers connect to node 0's."""
+def bind_node_store(nodes: NodeSetup, store: StoreAddress, listeners: int = 1) -> socket.socket:
+    """The store's socket: on the master address for node 0 (or one node), `listeners` sockets of one port where
+    one listen queue cannot hold every connection at once; on other nodes a private loopback one that nobody uses,
+    since their workers connect to node 0's."""
     if nodes.node_rank != 0:
         return bind_store_socket(LOOPBACK, None)
     try:
-        return bind_store_socket(store.bind_addr, store.port)
+        return bind_store_socket(store.bind_addr, store.port, listeners=listeners)
     except UsageError as exc:
         if nodes.nnodes == 1 or "not an address of this machine" not in str(exc):
             raise

@@ -2,6 +2,13 @@
 
 The launcher binds the socket itself (port 0: any free port) and hands it to the store's server, so no other
 process can take the port between choosing and using it; the listen backlog leaves room for every rank at once.
+
+Where more connections arrive at once than one listen queue holds (the kernel caps every queue at
+net.core.somaxconn), the store listens on a group of sockets bound to one address and port with SO_REUSEPORT
+(`listeners` > 1): each has its own queue and the kernel spreads new connections over them, so a burst of ranks is
+not dropped and retried a second later. Linux lets only sockets of the same user join such a group; ddpboot also
+checks, before binding and after, that no socket but the group's listens on that port, so that two jobs given the
+same --master-port still fail as with one socket, instead of sharing connections.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+from pathlib import Path
 
 from ddpboot.errors import UsageError
 
@@ -18,6 +26,29 @@ LISTEN_BACKLOG = 65535
 """Connections the kernel queues before the store accepts them; it caps this at net.core.somaxconn (4096 by default
 on current kernels). Every rank connects at once at the start: past the queue, a client's SYN is dropped and retried
 a second later, so a small queue costs a large job whole seconds."""
+
+TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
+
+
+class ListenerGroup(socket.socket):
+    """The first of several sockets listening on one address and port (SO_REUSEPORT), each with its own listen
+    queue. The launcher hands this one socket around; a server accepts on `sockets()`; closing it closes them all."""
+
+    siblings: list[socket.socket]
+
+    def sockets(self) -> list[socket.socket]:
+        return [self, *self.siblings]
+
+    def close(self) -> None:
+        for sibling in getattr(self, "siblings", ()):
+            sibling.close()
+        super().close()
+
+
+def listening_sockets(sock: socket.socket) -> list[socket.socket]:
+    """The sockets a store server accepts on: a group's members, or the one socket."""
+    return sock.sockets() if isinstance(sock, ListenerGroup) else [sock]
 
 
 def is_loopback(host: str) -> bool:
@@ -29,9 +60,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind_store_socket(host: str, port: int | None, option: str = "--master-port") -> socket.socket:
+def bind_store_socket(
+    host: str, port: int | None, option: str = "--master-port", *, listeners: int = 1, attempts: int = 8
+) -> socket.socket:
     """Bind and listen on host:port (port 0 or None: any free port). The launcher binds it itself, so there is no
-    window in which another process could take the port between choosing and using it."""
+    window in which another process could take the port between choosing and using it. `listeners` > 1: a
+    ListenerGroup of that many sockets on one port (module docstring)."""
     loop = is_loopback(host)
     addr = "127.0.0.1" if loop else host
     try:
@@ -39,7 +73,41 @@ def bind_store_socket(host: str, port: int | None, option: str = "--master-port"
     except OSError as exc:
         raise UsageError(f"--master-addr {host} does not resolve ({exc}); give an address of this machine.") from None
     family, _, _, _, sockaddr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    if listeners <= 1:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        _bind(sock, sockaddr, host, port, option)
+        return sock
+    if port:  # an explicit port: fail as one socket would if anything listens there (SO_REUSEPORT or not)
+        _bind(socket.socket(family, socket.SOCK_STREAM), sockaddr, host, port, option).close()
+    group = ListenerGroup(family, socket.SOCK_STREAM)
+    group.siblings = []
+    try:
+        group.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        _bind(group, sockaddr, host, port, option)
+        bound = group.getsockname()
+        for _ in range(listeners - 1):
+            sibling = socket.socket(family, socket.SOCK_STREAM)
+            group.siblings.append(sibling)
+            sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            _bind(sibling, bound, host, port, option)
+        others = _listeners_on(bound[0], int(bound[1])) - listeners
+    except BaseException:
+        group.close()
+        raise
+    if others > 0:
+        group.close()
+        if not port and attempts > 1:  # the kernel gave us a port that someone else's group shares: take another
+            return bind_store_socket(host, port, option, listeners=listeners, attempts=attempts - 1)
+        taken = int(bound[1])
+        raise UsageError(
+            f"{option} {port or taken}: another program listens on port {taken} too{_who_listens(taken)}. Choose "
+            f"another port, or leave {option} out: ddpboot then binds a free port itself."
+        )
+    return group
+
+
+def _bind(sock: socket.socket, sockaddr: tuple, host: str, port: int | None, option: str) -> socket.socket:  # type: ignore[type-arg]
+    addr = sockaddr[0]
     try:
         if port:
             # Reuse a port in TIME_WAIT from an earlier run; a port something listens on still fails below.
@@ -55,13 +123,38 @@ def bind_store_socket(host: str, port: int | None, option: str = "--master-port"
             ) from None
         if exc.errno == errno.EADDRNOTAVAIL:
             raise UsageError(
-                f"--master-addr {host} ({sockaddr[0]}) is not an address of this machine, and a one-node job serves "
+                f"--master-addr {host} ({addr}) is not an address of this machine, and a one-node job serves "
                 "its store here. Leave --master-addr out (the store then listens on loopback only)."
             ) from None
         if exc.errno == errno.EACCES:
             raise UsageError(f"{option} {port}: binding port {port} needs privileges; use a port above 1023.") from None
         raise
     return sock
+
+
+def _listeners_on(addr: str, port: int) -> int:
+    """Listening TCP sockets in this network namespace on `port`, at `addr` or the wildcard address
+    (/proc/net/tcp and tcp6, whose addresses are 32-bit words in host order)."""
+    mine = ipaddress.ip_address(addr)
+    count = 0
+    for table in TCP_TABLES:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != TCP_LISTEN:
+                continue
+            hexaddr, _, hexport = fields[1].partition(":")
+            if int(hexport, 16) != port:
+                continue
+            words = bytes.fromhex(hexaddr)
+            raw = b"".join(words[i:i + 4][::-1] for i in range(0, len(words), 4))
+            theirs = ipaddress.ip_address(raw)
+            if theirs == mine or theirs.is_unspecified:
+                count += 1
+    return count
 
 
 def _who_listens(port: int) -> str:

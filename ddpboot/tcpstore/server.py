@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AddressGate, AllowList
 from ddpboot.tcpstore.commands import Connection, KeyValues
 from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
@@ -64,17 +65,20 @@ class StoreServer:
         allowed_hosts: AllowList | None = None,
     ) -> None:
         self.listener = listener
-        self.listener.setblocking(False)
-        # Accepted sockets inherit TCP_NODELAY from the listener (Linux): one setsockopt here instead of one per
-        # connection (answers are small and must leave at once).
-        with contextlib.suppress(OSError):
-            self.listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.listeners = listening_sockets(listener)  # several: a SO_REUSEPORT group (tcpstore/address.py)
+        for sock in self.listeners:
+            sock.setblocking(False)
+            # Accepted sockets inherit TCP_NODELAY from the listener (Linux): one setsockopt here instead of one
+            # per connection (answers are small and must leave at once).
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._received = bytearray(1 << 16)  # every recv lands here: no buffer allocated per read
         self._received_view = memoryview(self._received)
         self.sel: selectors.BaseSelector | None = None
         self.poll = select.epoll()
-        self.listen_fd = listener.fileno()
-        self.poll.register(self.listen_fd, select.EPOLLIN)
+        self.listen_fds = {sock.fileno(): sock for sock in self.listeners}
+        for fd in self.listen_fds:
+            self.poll.register(fd, select.EPOLLIN)
         self.store = KeyValues(wake=self._flush)
         self.clients: dict[int, Connection] = {}
         self.warn = warn or (lambda msg: print(f"ddpboot: store: {msg}", file=sys.stderr, flush=True))
@@ -109,7 +113,7 @@ class StoreServer:
         at once, a queue left full makes the kernel drop their handshakes (each dropped one costs its client a
         retransmission, a second or more), whereas a request that waits a little costs nothing more."""
         ready_now = self.poll.poll(0, READY_BATCH)
-        if any(fd == self.listen_fd for fd, _ in ready_now):
+        if any(fd in self.listen_fds for fd, _ in ready_now):
             self._accept()
         for count, (fd, ready) in enumerate(ready_now, 1):
             if count % ACCEPT_EVERY == 0:
@@ -141,19 +145,20 @@ class StoreServer:
     # --- connections -----------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        """Take every connection waiting in the listen queue (up to ACCEPT_BATCH), then judge them together: a
-        burst of ranks connecting at once leaves the queue quickly, so that fewer of their handshakes are dropped
-        while it is full (each dropped one costs its client a retransmission, a second or more)."""
+        """Take every connection waiting in the listen queues (up to ACCEPT_BATCH), then judge them together: a
+        burst of ranks connecting at once leaves the queues quickly, so that fewer of their handshakes are dropped
+        while one is full (each dropped one costs its client a retransmission, a second or more)."""
         accepted: list[socket.socket] = []
-        while len(accepted) < ACCEPT_BATCH:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                self._warn_once("accept", f"cannot accept a connection: {exc}")
-                break
-            accepted.append(sock)
+        for listener in self.listeners:
+            while len(accepted) < ACCEPT_BATCH:
+                try:
+                    sock, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
+                    self._warn_once("accept", f"cannot accept a connection: {exc}")
+                    break
+                accepted.append(sock)
         for sock, admitted in zip(accepted, self._admit(accepted), strict=True):
             if not admitted:
                 sock.close()  # unread: the client gets no answer

@@ -173,6 +173,62 @@ def test_torch_clients_get_what_torchs_own_server_gives(tmp_path: Path) -> None:
         listener.close()
 
 
+def _vec(data: bytes) -> bytes:
+    return struct.pack("=Q", len(data)) + data
+
+
+def _ask(client: socket.socket, request: bytes) -> int:
+    """Send `request`, return the 8-byte integer answer."""
+    client.sendall(request)
+    answer = b""
+    while len(answer) < 8:
+        chunk = client.recv(8 - len(answer))
+        assert chunk, "the store closed the connection"
+        answer += chunk
+    return int(struct.unpack("=q", answer)[0])
+
+
+GUARDIAN_ON_A_GROUP = """
+import sys
+from ddpboot.launch.procs.guardian import start_guardian
+from ddpboot.tcpstore.address import bind_store_socket, listening_sockets
+group = bind_store_socket("127.0.0.1", None, listeners=4)
+port = group.getsockname()[1]
+guardian = start_guardian(group, "python", None)
+group.close()  # as the launcher does: the guardian serves it now
+print(port, len(listening_sockets(group)), flush=True)
+sys.stdin.read()
+guardian.quit()
+"""
+
+
+def test_the_guardian_serves_every_socket_of_a_listener_group() -> None:
+    """A launcher whose ranks outnumber one listen queue binds a SO_REUSEPORT group (tcpstore/address.py) and
+    closes it once the guardian is forked: the guardian's inherited copies of every socket are served, so no
+    share of the connections waits unanswered."""
+    proc = subprocess.Popen([sys.executable, "-c", GUARDIAN_ON_A_GROUP], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    clients: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        port, listeners = (int(f) for f in proc.stdout.readline().split())
+        assert listeners == 4
+        for n in range(64):  # all four queues get some: (3/4)^64 that one gets none
+            client = socket.create_connection(("127.0.0.1", port), timeout=30)
+            client.sendall(struct.pack("=BI", 0, 0x3C85F7CE) + struct.pack("=B", 1) + _vec(b"k%d" % n) + _vec(b"v"))
+            clients.append(client)
+        for client in clients:  # GETNUMKEYS, answered after the SET before it on the same connection
+            assert _ask(client, struct.pack("=B", 7)) >= 1
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as last:
+            assert _ask(last, struct.pack("=BI", 0, 0x3C85F7CE) + struct.pack("=B", 7)) == 64
+    finally:
+        for client in clients:
+            client.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+
+
 # --- processes that outlive SIGKILL ---------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.elastic.client import AgentError, RdzvAgent, Stopped, signal_reader
 from ddpboot.launch.elastic.rounds import Round, round_plan
 from ddpboot.launch.logs import Console, LogMode, run_dir
+from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.spec import LaunchSpec
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
@@ -195,7 +196,10 @@ class ElasticDriver:
         """Join the next round; with it, the listening socket of the workers' store this node serves in that round
         (group rank 0's on --local-addr; elsewhere a private loopback one that nobody uses)."""
         nlocal = len(self.plan.ranks)
-        listener = bind_store_socket(self.store_addr, None)
+        # sized for the largest round: this node may become group rank 0 and serve every rank of max_nodes
+        most = self.nodes.max_nodes or 1
+        queue = listen_queue(nlocal * most, most, self.spec.store)
+        listener = bind_store_socket(self.store_addr, None, listeners=queue.sockets)
         try:
             with signal_reader(self.spec.signals) as sigfd:
                 self.say(f"joining the rendezvous at {self.endpoint} (run id {self.run_id}, "

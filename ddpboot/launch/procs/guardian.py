@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.launch.spec import StoreBackend
+from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AllowList
 from ddpboot.tcpstore.server import StoreServer
 
@@ -124,6 +125,8 @@ class _TorchStore:
     """`--store torch`: torch's own TCPStore server on the launcher's socket, imported here, not in the launcher."""
 
     def __init__(self, listener: socket.socket) -> None:
+        if len(listening_sockets(listener)) > 1:  # torch's server would leave the group's other queues unserved
+            raise ValueError("torch's store serves one listening socket, not a SO_REUSEPORT group")
         self.listener = listener
         self.store: Any = None
         self.start()

@@ -12,13 +12,15 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import (
     FDS_PER_RANK,
     FILES_MARGIN,
+    MAX_LISTENERS,
     RANKS_PER_CORE,
     STORE_CONNECTIONS_PER_RANK,
+    ListenQueue,
     check_rank_count,
     check_target,
     ensure_open_files,
     is_module_name,
-    listen_queue_note,
+    listen_queue,
     open_files_needed,
 )
 from ddpboot.launch.spec import Target
@@ -156,13 +158,27 @@ def test_a_hard_open_file_limit_below_the_stores_need_is_refused_with_what_to_ra
     assert calls == []
 
 
-def test_a_store_that_may_get_more_connections_than_the_listen_queue_holds_says_what_to_raise(tmp_path: Path) -> None:
+def test_a_store_that_may_get_more_connections_than_one_listen_queue_holds_listens_on_enough_sockets(
+    tmp_path: Path,
+) -> None:
     somaxconn = tmp_path / "somaxconn"
     somaxconn.write_text("4096\n")
-    note = listen_queue_note(8192, 1024, somaxconn)
-    assert note is not None
-    assert "9216 connections at once" in note and "at most 4096" in note
-    assert "sysctl -w net.core.somaxconn=9216" in note
-    assert listen_queue_note(4000, 96, somaxconn) is None  # 4096: they fit
-    assert listen_queue_note(0, 2, somaxconn) is None  # this node does not serve the store
-    assert listen_queue_note(8192, 1024, tmp_path / "missing") is None  # no limit to read: nothing to say
+    assert listen_queue(4000, 96, "python", somaxconn) == ListenQueue(1)  # 4096 at once: one queue holds them
+    assert listen_queue(4001, 96, "python", somaxconn) == ListenQueue(2)  # 4097 (x1.5 = 6145): two queues
+    assert listen_queue(8192, 1024, "python", somaxconn) == ListenQueue(4)  # 9216 x1.5 = 13824: four
+    assert listen_queue(16384, 1, "python", somaxconn) == ListenQueue(7)  # 16385 x1.5 = 24577: seven
+    assert listen_queue(0, 2, "python", somaxconn) == ListenQueue(1)  # this node does not serve the store
+    assert listen_queue(8192, 1024, "python", tmp_path / "missing") == ListenQueue(1)  # no cap to read
+
+
+def test_a_listen_queue_that_cannot_hold_the_burst_names_the_sysctl_to_raise(tmp_path: Path) -> None:
+    somaxconn = tmp_path / "somaxconn"
+    somaxconn.write_text("4096\n")
+    torch = listen_queue(8192, 1024, "torch", somaxconn)  # torch's server serves one socket
+    assert torch.sockets == 1 and torch.note is not None
+    assert "9216 connections at once" in torch.note and "one listening socket (--store torch" in torch.note
+    assert "caps each queue at 4096" in torch.note and "sysctl -w net.core.somaxconn=13824" in torch.note
+    huge = listen_queue(200_000, 1, "python", somaxconn)  # beyond MAX_LISTENERS sockets
+    assert huge.sockets == MAX_LISTENERS and huge.note is not None
+    assert f"its {MAX_LISTENERS} listening sockets" in huge.note
+    assert f"sysctl -w net.core.somaxconn={-(-int(200_001 * 1.5) // MAX_LISTENERS)}" in huge.note

@@ -134,6 +134,20 @@ def test_only_node_0_binds_the_store_address() -> None:
         bind_node_store(first, StoreAddress("10.99.99.99", "10.99.99.99", 29512))
 
 
+def test_node_0_binds_a_listener_group_when_asked_and_other_nodes_one_private_socket() -> None:
+    from ddpboot.tcpstore.address import listening_sockets
+
+    one = resolve_nodes({})
+    with bind_node_store(one, StoreAddress("127.0.0.1", "127.0.0.1", None), listeners=3) as group:
+        assert len(listening_sockets(group)) == 3
+        port = group.getsockname()[1]
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1 is in use"):
+            bind_node_store(one, StoreAddress("127.0.0.1", "127.0.0.1", port), listeners=3).close()
+        other = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=port)
+        with bind_node_store(other, StoreAddress("127.0.0.1", "127.0.0.1", port), listeners=3) as private:
+            assert len(listening_sockets(private)) == 1 and private.getsockname()[1] != port
+
+
 def test_run_ids_agree_across_nodes_without_talking() -> None:
     nodes = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29511)
     assert new_run_id(nodes, {}) == "nodes-10.0.0.1-29511"

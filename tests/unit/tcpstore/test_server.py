@@ -225,3 +225,36 @@ def test_answers_larger_than_the_socket_buffer_arrive_whole_once_the_client_read
         store.pump(read_some)
         assert bytes(got) == expected
         assert not conn.writing and not conn.outbuf
+
+
+def test_a_listener_group_is_served_on_every_socket() -> None:
+    """Connections queued on each socket of a SO_REUSEPORT group (tcpstore/address.py) are all accepted and
+    answered: a socket the server forgot would hold its share of the ranks unanswered."""
+    from ddpboot.tcpstore.address import bind_store_socket, listening_sockets
+
+    group = bind_store_socket("127.0.0.1", None, listeners=4)
+    assert len(listening_sockets(group)) == 4
+    warnings: list[str] = []
+    server = StoreServer(group, warnings.append)
+    sel = selectors.DefaultSelector()
+    server.register(sel)
+    clients = [socket.create_connection(group.getsockname()) for _ in range(48)]
+    try:
+        for n, client in enumerate(clients):
+            client.sendall(VALIDATE + struct.pack("=B", 1) + _vec(b"key%d" % n) + _vec(b"v") + GETNUMKEYS)
+        deadline = time.monotonic() + 10
+        while len(server.data) < len(clients):
+            assert time.monotonic() < deadline, f"{len(server.data)} of {len(clients)} keys set"
+            for key, events in sel.select(0.01):
+                server.handle(key, events)
+        for client in clients:
+            client.setblocking(True)
+            client.settimeout(10)
+            assert len(client.recv(8)) == 8
+        assert warnings == []
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+        sel.close()
+    assert all(s.fileno() == -1 for s in listening_sockets(group))
