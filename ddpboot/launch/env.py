@@ -23,13 +23,15 @@ RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.
 LOCAL_RANK_MACRO = "${local_rank}"
 
 # NCCL's flight recorder with --log-dir: torch's own ring buffer of collectives, dumped per rank into the attempt
-# directory when a collective times out (read with `torchfrtrace DIR`). Each entry: the names torch 2.11-2.14 read
-# (the first is set; a user's value under any of them wins) and the value.
+# directory when a collective times out (read with `torchfrtrace DIR`). Each entry: the names torch reads, newest
+# first (a user's value under any of them wins), and the value. torch 2.11 and later read TORCH_FR_* and print a
+# deprecation warning in every rank for a TORCH_NCCL_* name that has one; older releases know only TORCH_NCCL_*.
 FLIGHT_RECORDER: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), "2000"),
+    (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
     (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
-    (("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"), "{dir}/nccl_trace_rank_"),
+    (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), "{dir}/nccl_trace_rank_"),
 )
+FR_NAMES_SINCE = (2, 11)  # the torch release from which on the TORCH_FR_* names are set
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class EnvContext:
     max_restarts: int = 0
     signals: str = ""  # TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun exports it
     trace_dir: str = ""  # where NCCL's flight recorder dumps (the attempt directory with --log-dir); "": not set
+    fr_names: bool = True  # the workers' torch reads TORCH_FR_* (FR_NAMES_SINCE); False: the TORCH_NCCL_* names
 
 
 def worker_vars(
@@ -84,7 +87,7 @@ def worker_vars(
     if ctx.trace_dir:
         for names, value in FLIGHT_RECORDER:
             if not any(n in base for n in names):
-                out[names[0]] = value.format(dir=ctx.trace_dir)
+                out[names[0] if ctx.fr_names else names[-1]] = value.format(dir=ctx.trace_dir)
     return out
 
 

@@ -1,19 +1,32 @@
-"""The destroy-in-finally NCCL hang on 2 GPUs, diagnosed by ddpboot: the job ends at --stall-timeout with every
-rank's stack in the run directory and a summary line per rank naming a torch.distributed call
-(scripts/gpu-hang-diag.sh is the longer version, with the on-demand dump and the faulthandler backend)."""
+"""The destroy-in-finally NCCL hang, diagnosed by ddpboot: the job ends at --stall-timeout with every rank's stack in
+the run directory and a summary line per rank naming a torch.distributed call (scripts/gpu-hang-diag.sh is the
+longer version, with the on-demand dump and the faulthandler backend).
+
+On 2 GPUs: one launcher, 2 ranks. On one GPU: two launchers on this machine as the two nodes of a job, one rank
+each on the same GPU. NCCL refuses two ranks of one host on one GPU ("Duplicate GPU detected"); a distinct
+NCCL_HOSTID per node makes it take them for two hosts, joined by its socket transport on loopback, as two
+machines of one GPU each would be. There the leaving rank's destroy_process_group returns, and only its peer
+hangs."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from ddpboot.contract import STACKS_END_LINE
-from tests.support import REPO, clean_env, ddpboot_exe
+from ddpboot.launch.stacks.collect import find_py_spy
+from tests.support import REPO, clean_env, ddpboot_exe, free_port, wait_for
 
 pytestmark = pytest.mark.gpu
+STALL = "20"
 
 JOB = """
 import sys, torch, torch.distributed as dist
@@ -22,6 +35,7 @@ dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
 rank, t = dist.get_rank(), torch.ones(1, device="cuda")
 try:
     dist.all_reduce(t); torch.cuda.synchronize()
+    print(f"rank {rank}: first all_reduce done", flush=True)
     if rank == 1:
         sys.exit(3)
     dist.all_reduce(t); torch.cuda.synchronize()  # rank 0 waits for rank 1, which is leaving
@@ -30,23 +44,102 @@ finally:
 """
 
 
-def test_the_destroy_in_finally_hang_ends_at_the_stall_timeout_with_every_stack(tmp_path: Path) -> None:
+def _gpus() -> int:
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
-    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.count("GPU ")
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.count("GPU ")
+
+
+def _check_stalled(stderr: str, logs: Path, ranks: dict[int, tuple[str, ...]]) -> None:
+    """The launcher stopped at the stall timeout, printed one summary line per rank naming one of `ranks[r]`'s
+    calls, and left a complete stacks file with every rank's section in its run directory."""
+    assert f"no progress for {STALL} s" in stderr, stderr[-4000:]
+    after = stderr[stderr.index(f"no progress for {STALL} s"):]  # not the on-demand dumps before it
+    summary = [line for line in after.splitlines() if line.startswith("ddpboot:   rank ")]
+    assert len(summary) == len(ranks), stderr[-4000:]
+    for line, (rank, calls) in zip(summary, sorted(ranks.items()), strict=True):
+        assert line.startswith(f"ddpboot:   rank {rank} ") and any(c in line for c in calls), summary
+    text = max(logs.glob("*/stacks-*.txt"), key=lambda p: int(p.stem.partition("-")[2]))  # the stall's: the last
+    assert text.read_text().rstrip().splitlines()[-1].startswith(STACKS_END_LINE)
+    assert all(f"--- rank {rank} " in text.read_text() for rank in ranks)
+
+
+def test_the_destroy_in_finally_hang_ends_at_the_stall_timeout_with_every_stack(tmp_path: Path) -> None:
+    gpus = _gpus()
     if gpus < 2:
         pytest.skip(f"needs 2 GPUs, this machine has {gpus}")
     job = tmp_path / "hang.py"
     job.write_text(JOB)
     logs = tmp_path / "logs"
     env = clean_env(NCCL_NVLS_ENABLE="0")
-    out = subprocess.run([*ddpboot_exe(), "--nproc", "2", "--log-dir", str(logs), "--stall-timeout", "20",
+    out = subprocess.run([*ddpboot_exe(), "--nproc", "2", "--log-dir", str(logs), "--stall-timeout", STALL,
                           "--shutdown-timeout", "5", str(job)], env=env, capture_output=True, text=True,
                          timeout=400, cwd=REPO)
-    assert "no progress for 20 s" in out.stderr, out.stderr[-4000:]
-    summary = [line for line in out.stderr.splitlines() if line.startswith("ddpboot:   rank ")]
-    assert len(summary) == 2, out.stderr[-4000:]
-    assert any(w in summary[0] for w in ("all_reduce", "destroy_process_group", "wait")), summary
-    (text,) = logs.glob("*/stacks-*.txt")
-    assert text.read_text().rstrip().splitlines()[-1].startswith(STACKS_END_LINE)
-    assert "--- rank 0 " in text.read_text() and "--- rank 1 " in text.read_text()
+    _check_stalled(out.stderr, logs, {0: ("all_reduce", "destroy_process_group", "wait"),
+                                      1: ("destroy_process_group", "wait", "barrier")})
+
+
+def _record(logs: Path) -> Path | None:
+    return next(logs.glob("*/launcher.json"), None)
+
+
+def _summaries(run: Path, env: dict[str, str], want: tuple[int, tuple[str, ...]]) -> dict[int, str] | None:
+    """`ddpboot stacks RUN --json`: each rank's one-line summary, once rank `want[0]`'s starts with one of
+    `want[1]`; None before."""
+    got = subprocess.run([*ddpboot_exe(), "stacks", str(run), "--json"], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    if got.returncode != 0:
+        return None
+    summaries = {r["rank"]: r["summary"] or "" for r in json.loads(got.stdout)["ranks"]}
+    rank, calls = want
+    return summaries if summaries.get(rank, "").startswith(calls) else None
+
+
+def test_the_same_job_across_two_nodes_on_one_gpu(tmp_path: Path) -> None:
+    """Two launchers, one rank each on GPU 0, as two single-GPU machines run it. Over NCCL's socket transport
+    rank 1's destroy_process_group returns and it exits 3; rank 0's all_reduce kernel waits for it for good, and the
+    host waits in the torch.cuda.synchronize() after it (measured). Node 0's `ddpboot stacks` names that wait and
+    the collective on its line, and node 0 ends at the stall timeout with the stack in its run directory, instead
+    of at NCCL's 10-minute timeout."""
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    if find_py_spy(os.environ) is None:
+        pytest.skip("needs py-spy (pip install ddpboot[debug]): the job calls no ddpboot.init(), so no faulthandler "
+                    "is registered, and rank 0 spins in CUDA where only a stack tells a stall from work")
+    job = tmp_path / "hang.py"
+    job.write_text(JOB)
+    port = free_port()
+    launchers, envs = [], []
+    for node in (0, 1):
+        env = clean_env(NCCL_NVLS_ENABLE="0", NCCL_HOSTID=f"ddpboot-test-node-{node}", NCCL_SOCKET_IFNAME="lo",
+                        NCCL_IB_DISABLE="1", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+        args = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--nproc", "1", "--gpus", "0", "--share", "--log-dir", str(tmp_path / f"logs{node}"),
+                "--stall-timeout", STALL, "--shutdown-timeout", "5", str(job)]
+        with (tmp_path / f"stderr{node}").open("w") as err:  # files: a pipe nobody reads could fill with dumps
+            launchers.append(subprocess.Popen([*ddpboot_exe(), *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                              stderr=err, start_new_session=True))
+        envs.append(env)
+    waiting = ("synchronize (waiting for the GPU), called from hang.py:11 in <module>, after all_reduce on that line")
+    try:
+        run = wait_for(partial(_record, tmp_path / "logs0"), 120, "node 0's run directory").parent
+        wait_for(lambda: "first all_reduce done" in (run / "attempt_0" / "rank0.log").read_text(errors="replace")
+                 if (run / "attempt_0" / "rank0.log").exists() else False, 180, "rank 0 past its first all_reduce")
+        hung_at = time.monotonic()
+        got = wait_for(partial(_summaries, run, envs[0], (0, (waiting,))), 60,
+                       f"node 0's on-demand summary naming {waiting!r}", interval=1.0)
+        assert list(got) == [0], got
+        codes = [proc.wait(timeout=float(STALL) * 3 + 60) for proc in launchers]
+        ended = time.monotonic() - hung_at
+    finally:
+        for proc in launchers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    errs = [(tmp_path / f"stderr{n}").read_text() for n in (0, 1)]
+    assert codes[1] == 3 and "ddpboot: rank 1 failed: exit code 3" in errs[1], errs[1][-3000:]
+    assert codes[0] != 0 and ended < float(STALL) * 3, (codes, ended)
+    _check_stalled(errs[0], tmp_path / "logs0", {0: (waiting,)})
+    # NCCL's flight recorder (--log-dir) dumped rank 0's collectives, set under the names this torch reads
+    assert (run / "attempt_0" / "nccl_trace_rank_0").exists(), sorted(p.name for p in (run / "attempt_0").iterdir())
+    assert "is deprecated" not in errs[0], [line for line in errs[0].splitlines() if "is deprecated" in line]

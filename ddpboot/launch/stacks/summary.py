@@ -6,6 +6,12 @@ shown is the main thread (py-spy names it; in faulthandler's text it is the one 
 another thread waits in torch.distributed. A call that runs in C++ shows no frame of its own (`work.wait()`, or a
 process group's destructor while `destroy_process_group()` returns): when the innermost frame is the script's, its
 source line (read through `source`) names the call.
+
+An NCCL collective returns as soon as its kernel is queued; a rank whose peer never joins it then waits wherever
+the host next waits for the GPU: `torch.cuda.synchronize()`, or `.item()`, `.cpu()`, `.tolist()` in the script
+(measured with two single-GPU nodes on NCCL's socket transport: rank 0 stuck in `torch.cuda.synchronize()` after an
+`all_reduce` its peer left). Such a frame is named as a wait for the GPU, with the collective the same source line
+calls when it calls one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ WAITS = frozenset({
     "_create_c10d_store", "_env_rendezvous_handler",
 })
 """torch.distributed functions that wait for the other ranks."""
+GPU_WAITS = frozenset({"synchronize", "item", "cpu", "tolist"})
+"""Calls in which the host waits for the GPU (torch.cuda's or a stream's or event's `synchronize`, a tensor's
+`.item()`, `.cpu()`, `.tolist()`)."""
 STORE_WAITS = frozenset({"_store_based_barrier", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler"})
 """... of which those that wait on the store (shown as `init_process_group (waiting on the store)`)."""
 
@@ -113,6 +122,9 @@ def describe(threads: list[Thread], source: Source | None = None) -> str:
     for t in ordered:
         if t.frames:
             inner = t.frames[0]
+            gpu = _gpu_wait(t, source)
+            if gpu is not None:
+                return gpu
             called = _called(inner, source)
             if called is not None:
                 return f"{called}, called from {inner.where()} in {inner.function} (no Python frame of its own)"
@@ -127,6 +139,31 @@ def _called(frame: Frame, source: Source | None) -> str | None:
     names = _CALL.findall(source(frame.file, frame.line))
     return next((n if n != "wait" else "wait (a collective's Work)" for n in names if n in WAITS or n == "wait"),
                 None)
+
+
+def _gpu_wait(thread: Thread, source: Source | None) -> str | None:
+    """`synchronize (waiting for the GPU), called from job.py:11 in <module>`, and `, after all_reduce` when that
+    line also calls a collective; None when the innermost frame does not wait for the GPU."""
+    inner = thread.frames[0]
+    if inner.function == "synchronize" and "/torch/cuda/" in "/" + inner.file.lstrip("/"):
+        what, line_frame = "synchronize", next((f for f in thread.frames[1:] if f.is_user), None)
+    elif inner.is_user and source is not None and inner.line is not None:
+        names = _CALL.findall(source(inner.file, inner.line))
+        what = next((n for n in names if n in GPU_WAITS), "")
+        if not what:
+            return None
+        line_frame = inner
+    else:
+        return None
+    text = f"{what} (waiting for the GPU)"
+    if line_frame is None:
+        return text
+    text += f", called from {line_frame.where()} in {line_frame.function}"
+    if source is not None and line_frame.line is not None:
+        collective = next((n for n in _CALL.findall(source(line_frame.file, line_frame.line)) if n in WAITS), None)
+        if collective is not None:
+            text += f", after {collective} on that line"
+    return text
 
 
 def _caller(thread: Thread, frame: Frame) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
+from ddpboot.launch.env import FR_NAMES_SINCE, EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import LaunchSpec
@@ -85,6 +87,20 @@ class AttemptSetup:
     log_mode: LogMode = LogMode.PRIVATE  # who may read the attempt directories and log files
 
 
+@functools.cache
+def torch_reads_fr_names() -> bool:
+    """Whether the installed torch reads the flight recorder's TORCH_FR_* names (env.FR_NAMES_SINCE), from the
+    package's metadata: the launcher never imports torch. Unknown (no torch here, a local build): the older names,
+    which every release still reads."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = re.match(r"(\d+)\.(\d+)", version("torch"))
+    except PackageNotFoundError:
+        return False
+    return found is not None and (int(found[1]), int(found[2])) >= FR_NAMES_SINCE
+
+
 def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[Worker]:
     spec = setup.spec
     ctx = EnvContext(
@@ -96,6 +112,7 @@ def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[W
         max_restarts=spec.max_restarts,
         signals=",".join(s.name for s in spec.signals),
         trace_dir=str(attempt_dir.resolve()) if setup.with_files else "",
+        fr_names=torch_reads_fr_names() if setup.with_files else True,
     )
     return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
 

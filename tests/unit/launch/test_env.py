@@ -121,9 +121,23 @@ def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
     slot = p.ranks[0]
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in worker_vars(p, slot, CTX, {}, "/e")  # no --log-dir: nothing
     traced = replace(CTX, trace_dir="/logs/run/attempt_0")
-    env = worker_vars(p, slot, traced, {}, "/e")
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
-    mine = worker_vars(p, slot, traced, {"TORCH_FR_BUFFER_SIZE": "50", "TORCH_FR_DUMP_TEMP_FILE": "/x/"}, "/e")
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in mine and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in mine
+    env = worker_vars(p, slot, traced, {}, "/e")  # torch 2.11 or later: the TORCH_FR_* names
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
+    older = worker_vars(p, slot, replace(traced, fr_names=False), {}, "/e")  # before 2.11: only the older names
+    assert older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in older
+    assert older["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
+    mine = worker_vars(p, slot, traced, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_FR_DUMP_TEMP_FILE": "/x/"},
+                       "/e")
+    assert "TORCH_FR_BUFFER_SIZE" not in mine and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in mine
     assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
+def test_the_flight_recorder_names_follow_the_installed_torch() -> None:
+    from importlib.metadata import version
+
+    from ddpboot.launch.supervisor.workers import torch_reads_fr_names
+
+    major, minor = (int(p) for p in version("torch").split(".")[:2])
+    assert torch_reads_fr_names() is ((major, minor) >= (2, 11))

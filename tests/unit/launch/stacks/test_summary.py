@@ -78,6 +78,29 @@ def test_waiting_on_the_store_is_said_as_such() -> None:
         "init_process_group (waiting on the store), called from train.py:7 in main")
 
 
+PYSPY_SYNCHRONIZE = """Thread 496 (active): "MainThread"
+    synchronize (/venv/lib/python3.12/site-packages/torch/cuda/__init__.py:1162)
+    <module> (/jobs/hang.py:11)
+"""  # an NCCL rank whose peer left the all_reduce it queued (two single-GPU nodes, NCCL's socket transport)
+
+FAULTHANDLER_ITEM = """Current thread 0x00007fda201bdb80 (most recent call first):
+  File "/jobs/train.py", line 30 in step
+  File "/jobs/train.py", line 40 in <module>
+"""
+
+
+def test_a_wait_for_the_gpu_is_named_with_the_collective_on_its_line() -> None:
+    lines = {("/jobs/hang.py", 11): "    dist.all_reduce(t); torch.cuda.synchronize()",
+             ("/jobs/train.py", 30): "    print(loss.item())"}
+    text = describe(parse(PYSPY_SYNCHRONIZE), lambda f, n: lines.get((f, n), ""))
+    assert text == ("synchronize (waiting for the GPU), called from hang.py:11 in <module>, "
+                    "after all_reduce on that line")
+    assert describe(parse(PYSPY_SYNCHRONIZE)) == "synchronize (waiting for the GPU), called from hang.py:11 in <module>"
+    assert describe(parse(FAULTHANDLER_ITEM), lambda f, n: lines.get((f, n), "")) == (
+        "item (waiting for the GPU), called from train.py:30 in step")
+    assert describe(parse(FAULTHANDLER_ITEM)) == "not in torch.distributed: step at train.py:30"  # no source: unknown
+
+
 def test_no_frames() -> None:
     assert describe(parse("")) == "no Python frames"
     assert describe(parse("Thread 5 (idle): \"MainThread\"\n")) == "no Python frames"
