@@ -115,7 +115,8 @@ def refusal_message(verdict: Verdict, peer: Endpoint, allowed: frozenset[int], p
     if verdict.uid is None:
         return (
             f"refused a connection from {peer[0]} port {peer[1]}: its socket is no longer in the kernel's tables "
-            "(the client closed it before the store accepted it), so whose it was is unknown"
+            "(closed by the client, or reset by the kernel under a full listen queue, before the store accepted "
+            "it), so whose it was is unknown"
         )
     about = [name] if (name := user_name(verdict.uid)) else []
     if pid is not None:

@@ -9,8 +9,9 @@ address:port is the accepted socket's own address. Two ways to find it:
   module searches; the cost grows with the number of sockets (docs/security.md has the measurements).
 
 Netlink is asked first; where it cannot be opened or answers with an error other than "no such socket" (some
-sandboxes), the /proc tables are read instead. Both report the uid that created the socket. Where neither can be
-read, TablesUnavailable says so (owner.py then decides).
+sandboxes), the /proc tables are read instead. A full receive buffer (ENOBUFS: more answers to one datagram than the
+socket holds) is not such an error: the answers that were dropped are asked again in smaller datagrams. Both ways
+report the uid that created the socket. Where neither can be read, TablesUnavailable says so (owner.py then decides).
 
 After a client closes, the kernel may replace its socket by a small "timewait" record (states FIN_WAIT2 and
 TIME_WAIT) that reports uid 0 and inode 0 whoever owned the socket: `SocketEntry.owner_known` is False for those
@@ -47,8 +48,9 @@ DIAG_COUNTERS = struct.Struct("=IIIII")  # expires, receive queue, send queue, u
 NO_COOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: match the socket by its addresses only
 ALL_STATES = 0xFFFFFFFF
 NETLINK_TIMEOUT = 1.0  # seconds; the kernel answers in microseconds, so a silent netlink socket is broken
-# Requests sent in one datagram: their answers (about 1 KiB each as the kernel accounts them) must fit the netlink
-# socket's default receive buffer (208 KiB), or the kernel drops some and the lookup waits for NETLINK_TIMEOUT.
+# Requests sent in one datagram: their answers (1.1-1.6 KiB each as the kernel accounts them) must fit the netlink
+# socket's receive buffer (208 KiB by default: 128 answers fit on Linux 6.18, 192 do not). Where some are dropped
+# (ENOBUFS), SocketTables halves its batch and asks for those again.
 NETLINK_BATCH = 64
 
 _WORD = struct.Struct("=I")  # /proc/net/tcp* print each 32-bit word of an address as the host reads it
@@ -208,6 +210,7 @@ class SocketTables:
         self.netlink: socket.socket | None = None
         self.netlink_broken = False
         self.sequence = 0
+        self.batch = NETLINK_BATCH  # halved each time the answers to one datagram overflow the receive buffer
 
     def find(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
         """The socket whose own side is `local` and other side `remote`, or None when the kernel has none;
@@ -233,17 +236,46 @@ class SocketTables:
             self.netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
             self.netlink.settimeout(NETLINK_TIMEOUT)
         found: list[SocketEntry | None] = [None] * len(pairs)
-        for start in range(0, len(pairs), NETLINK_BATCH):
-            asked: dict[int, int] = {}  # sequence -> index in pairs
-            messages = []
-            for index in range(start, min(start + NETLINK_BATCH, len(pairs))):
-                self.sequence = (self.sequence + 1) & 0xFFFFFFFF
-                asked[self.sequence] = index
-                messages.append(diag_request(*pairs[index], self.sequence))
-            # The kernel runs every request of one datagram and answers each with a message of its own.
-            self.netlink.sendto(b"".join(messages), (0, 0))
+        pending = list(range(len(pairs)))
+        while pending:
+            asked, pending = pending[: self.batch], pending[self.batch :]
+            dropped = self._ask(self.netlink, pairs, asked, found)
+            if dropped:
+                if self.batch == 1:  # one answer does not fit: no batch size helps
+                    raise OSError(errno.ENOBUFS, "sock_diag: one answer overflows the netlink receive buffer")
+                self.batch = max(1, self.batch // 2)
+                pending = dropped + pending
+        return found
+
+    def _ask(
+        self,
+        netlink: socket.socket,
+        pairs: Sequence[tuple[Endpoint, Endpoint]],
+        indexes: list[int],
+        found: list[SocketEntry | None],
+    ) -> list[int]:
+        """Send one datagram asking for pairs[i] for each i of `indexes` and fill `found` from the answers. Returns
+        the indexes whose answers the kernel dropped (ENOBUFS): it answers every request of a datagram while
+        sendto runs, so once it reported a drop, what is not queued then will never come."""
+        asked: dict[int, int] = {}  # sequence -> index in pairs
+        messages = []
+        for index in indexes:
+            self.sequence = (self.sequence + 1) & 0xFFFFFFFF
+            asked[self.sequence] = index
+            messages.append(diag_request(*pairs[index], self.sequence))
+        netlink.sendto(b"".join(messages), (0, 0))
+        try:
             while asked:
-                for sequence, entry in parse_diag_reply(self.netlink.recv(1 << 16)):
+                try:
+                    data = netlink.recv(1 << 16)
+                except BlockingIOError:  # after a drop: everything still queued has been read
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.ENOBUFS or not netlink.gettimeout():
+                        raise
+                    netlink.setblocking(False)  # read what is queued, then stop
+                    continue
+                for sequence, entry in parse_diag_reply(data):
                     index = asked.pop(sequence, -1)
                     if index < 0:  # a late answer of an earlier request that timed out
                         continue
@@ -251,7 +283,10 @@ class SocketTables:
                     # Without an established match the kernel answers a listener on `local`: not the client.
                     if entry is not None and _same(entry.local, local) and _same(entry.remote, remote):
                         found[index] = entry
-        return found
+        finally:
+            if netlink.gettimeout() != NETLINK_TIMEOUT:  # drained after a drop: blocking with a timeout again
+                netlink.settimeout(NETLINK_TIMEOUT)
+        return list(asked.values())
 
     def find_in_proc(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
         read = 0

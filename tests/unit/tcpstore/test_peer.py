@@ -4,10 +4,12 @@ a server on port 57589; a root client on ::1), and the lookup itself on live soc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,9 @@ from ddpboot.tcpstore.peer import (
     ESTABLISHED,
     FIN_WAIT2,
     NETLINK_BATCH,
+    NETLINK_SOCK_DIAG,
     TIME_WAIT,
+    Endpoint,
     SocketEntry,
     SocketTables,
     TablesUnavailable,
@@ -185,27 +189,45 @@ def test_without_proc_and_netlink_the_tables_are_unavailable(
         tables.find(peer, own)
 
 
-def test_a_burst_of_connections_is_looked_up_in_batches_in_order() -> None:
-    """More connections than one netlink datagram carries: every answer lands at its own pair's place, and a pair
-    with no socket (a wrong peer) is None between found ones."""
+@contextlib.contextmanager
+def burst(count: int) -> Iterator[tuple[list[tuple[Endpoint, Endpoint]], list[int]]]:
+    """`count` live loopback connections: each accepted socket's (peer, own) pair, and each client socket's inode."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(512)
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(3 * NETLINK_BATCH + 5)]
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(count)]
     accepted = [listener.accept()[0] for _ in clients]
-    tables = SocketTables()
     try:
-        pairs = [_ends(a) for a in accepted]
+        yield [_ends(a) for a in accepted], [os.fstat(c.fileno()).st_ino for c in clients]
+    finally:
+        for s in (*clients, *accepted, listener):
+            s.close()
+
+
+def test_a_burst_of_connections_is_looked_up_in_batches_in_order() -> None:
+    """More connections than one netlink datagram carries: every answer lands at its own pair's place, and a pair
+    with no socket (a wrong peer) is None between found ones."""
+    tables = SocketTables()
+    with burst(3 * NETLINK_BATCH + 5) as (pairs, inodes), contextlib.closing(tables):
         missing = 2 * NETLINK_BATCH + 1
         pairs[missing] = (pairs[missing][0], (pairs[missing][1][0], 1))  # a peer that does not exist
         found = tables.find_many(pairs)
-        inodes = [os.fstat(c.fileno()).st_ino for c in clients]
-    finally:
-        tables.close()
-        for s in (*clients, *accepted, listener):
-            s.close()
     assert found[missing] is None and not tables.netlink_broken
     for index, (entry, (peer, own)) in enumerate(zip(found, pairs, strict=True)):
         if index != missing:
             assert entry is not None, index
             assert (entry.local, entry.remote, entry.uid, entry.inode) == (peer, own, os.getuid(), inodes[index])
+
+
+def test_answers_the_receive_buffer_cannot_hold_are_asked_again_in_smaller_batches() -> None:
+    """A netlink socket whose receive buffer holds only a few answers (as a smaller default or a larger kernel
+    answer would make it): the kernel drops the rest of each datagram's answers (ENOBUFS); the lookup asks for those
+    again in smaller datagrams and finds every socket, still over netlink."""
+    tables = SocketTables()
+    with burst(2 * NETLINK_BATCH) as (pairs, inodes), contextlib.closing(tables):
+        tables.netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+        tables.netlink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel doubles it: 8 KiB
+        tables.netlink.settimeout(1.0)
+        found = tables.find_many(pairs)
+    assert not tables.netlink_broken and tables.batch < NETLINK_BATCH
+    assert [e.inode if e else None for e in found] == inodes
