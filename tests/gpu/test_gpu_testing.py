@@ -3,7 +3,9 @@ on a GPU of its own, a failing rank's rewritten assertion, and two xdist workers
 
     OUT=/tmp/out python3 -m pytest -q -m gpu tests/gpu/test_gpu_testing.py
 
-The inner pytest sessions' output goes to $OUT (when set) as testing-<name>.log.
+The inner pytest sessions' output goes to $OUT (when set) as testing-<name>.log. They find the plugin through the
+package's pytest11 entry point: install ddpboot (`pip install -e .`) before running this file; with PYTHONPATH alone
+their `ddp_ctx` fixture is missing.
 """
 
 from __future__ import annotations
