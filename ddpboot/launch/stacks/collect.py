@@ -30,13 +30,16 @@ FAULTHANDLER_TIMEOUT = 3.0  # seconds for a rank's faulthandler to write its sta
 SETTLE = 0.1  # a stacks file unchanged this long after it grew is complete
 
 
+CPU = "CPU"  # RankTarget.gpus of a rank without a GPU
+
+
 @dataclass(frozen=True)
 class RankTarget:
     """A rank whose stack is wanted."""
 
     rank: int
     pid: int
-    gpus: str  # "CPU" or "GPU 0 (GPU-1234abcd…)"
+    gpus: str  # CPU or "GPU 0 (GPU-1234abcd…)"
     stacks_file: Path | None  # where its faulthandler writes (None: not registered through ddpboot)
 
 

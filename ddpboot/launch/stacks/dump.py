@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
-from ddpboot.launch.stacks.collect import RankStack, RankTarget, collect
+from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.summary import describe, main_frames, parse
 
 
@@ -47,7 +47,7 @@ class Dump:
             "reason": self.reason,
             "seconds": round(self.seconds, 3),
             "ranks": [{"rank": s.target.rank, "pid": s.target.pid, "gpus": s.target.gpus, "backend": s.backend,
-                       "summary": describe(parse(s.text), source_line) if s.text else None, "problem": s.problem,
+                       "summary": where(s) if s.text else None, "problem": s.problem,
                        "stack": s.text} for s in self.stacks],
         }
 
@@ -64,10 +64,14 @@ def source_line(file: str, line: int) -> str:
     return linecache.getline(file, line).strip() if file.startswith("/") else ""
 
 
+def where(s: RankStack) -> str:
+    """The one-line summary of where a rank whose stack was read waits."""
+    return describe(parse(s.text), source_line, gpu=s.target.gpus != CPU)
+
+
 def summary_line(s: RankStack) -> str:
     t = s.target
-    where = describe(parse(s.text), source_line) if s.text else f"no stack ({s.problem})"
-    return f"rank {t.rank} ({t.gpus}, pid {t.pid}): {where}"
+    return f"rank {t.rank} ({t.gpus}, pid {t.pid}): {where(s) if s.text else f'no stack ({s.problem})'}"
 
 
 def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str]) -> Dump:

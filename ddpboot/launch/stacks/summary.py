@@ -108,9 +108,11 @@ def waiting_frame(thread: Thread) -> Frame | None:
     return next((f for f in thread.frames if f.is_distributed and f.function in WAITS), None)
 
 
-def describe(threads: list[Thread], source: Source | None = None) -> str:
+def describe(threads: list[Thread], source: Source | None = None, *, gpu: bool = True) -> str:
     """`all_reduce, called from train.py:14 in step`; or, waiting in nothing known, the main thread's innermost
-    frame (and the torch.distributed call its source line makes); `no Python frames` when the text had none."""
+    frame (and the torch.distributed call its source line makes); `no Python frames` when the text had none.
+    `gpu`: whether the rank has a GPU; a CPU rank's `.item()` or `.cpu()` waits for no GPU, so only its
+    collectives are read from the line."""
     ordered = sorted(threads, key=lambda t: not t.main)
     for t in ordered:
         frame = waiting_frame(t)
@@ -122,9 +124,9 @@ def describe(threads: list[Thread], source: Source | None = None) -> str:
     for t in ordered:
         if t.frames:
             inner = t.frames[0]
-            gpu = _gpu_wait(t, source)
-            if gpu is not None:
-                return gpu
+            waiting = _gpu_wait(t, source if gpu else None)
+            if waiting is not None:
+                return waiting
             called = _called(inner, source)
             if called is not None:
                 return f"{called}, called from {inner.where()} in {inner.function} (no Python frame of its own)"

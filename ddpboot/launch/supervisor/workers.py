@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ddpboot.launch.env import FR_NAMES_SINCE, EnvContext, worker_argv, worker_e
 from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.stacks.collect import CPU
 from ddpboot.selection.planner import Plan, RankSlot
 from ddpboot.units import short_uuid
 
@@ -34,7 +36,7 @@ def describe_status(status: int) -> str:
 
 def describe_gpus(slot: RankSlot) -> str:
     if not slot.gpus:
-        return "CPU"
+        return CPU
     return ", ".join(f"GPU {g.label} ({short_uuid(g.uuid)})" for g in slot.gpus)
 
 
@@ -87,6 +89,13 @@ class AttemptSetup:
     log_mode: LogMode = LogMode.PRIVATE  # who may read the attempt directories and log files
 
 
+def workers_read_fr_names(spec: LaunchSpec) -> bool:
+    """Whether the workers' torch reads the TORCH_FR_* names: known only where they run the launcher's own
+    interpreter (not a PYTHON_EXEC of its own, not a --no-python binary, whose torch may be older)."""
+    same = spec.target.kind != "binary" and os.path.realpath(spec.python) == os.path.realpath(sys.executable)
+    return same and torch_reads_fr_names()
+
+
 @functools.cache
 def torch_reads_fr_names() -> bool:
     """Whether the installed torch reads the flight recorder's TORCH_FR_* names (env.FR_NAMES_SINCE), from the
@@ -112,7 +121,7 @@ def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[W
         max_restarts=spec.max_restarts,
         signals=",".join(s.name for s in spec.signals),
         trace_dir=str(attempt_dir.resolve()) if setup.with_files else "",
-        fr_names=torch_reads_fr_names() if setup.with_files else True,
+        fr_names=workers_read_fr_names(spec) if setup.with_files else True,
     )
     return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
 

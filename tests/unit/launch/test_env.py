@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -134,10 +136,38 @@ def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
     assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
-def test_the_flight_recorder_names_follow_the_installed_torch() -> None:
-    from importlib.metadata import version
+def test_the_flight_recorder_names_follow_the_workers_torch(tmp_path: Path) -> None:
+    """The TORCH_FR_* names only where the workers run the launcher's own interpreter and its torch reads them; any
+    other interpreter (PYTHON_EXEC) or a binary may carry an older torch, which reads only the older names."""
+    import sys
+
+    from ddpboot.launch.spec import LaunchSpec
+    from ddpboot.launch.supervisor.workers import torch_reads_fr_names, workers_read_fr_names
+
+    own = LaunchSpec(Target("script", "train.py"), sys.executable, "run-1")
+    assert workers_read_fr_names(own) is torch_reads_fr_names()
+    other = tmp_path / "python3"
+    other.symlink_to("/bin/true")
+    assert workers_read_fr_names(LaunchSpec(Target("script", "train.py"), str(other), "run-1")) is False
+    assert workers_read_fr_names(LaunchSpec(Target("binary", "train"), sys.executable, "run-1")) is False
+
+
+def test_torch_from_2_11_reads_the_fr_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version rule, on the package metadata the launcher reads instead of importing torch."""
+    import importlib.metadata
 
     from ddpboot.launch.supervisor.workers import torch_reads_fr_names
 
-    major, minor = (int(p) for p in version("torch").split(".")[:2])
-    assert torch_reads_fr_names() is ((major, minor) >= (2, 11))
+    for installed, expected in (("2.10.1", False), ("2.11.0+cu130", True), ("2.13.0", True), ("3.0.0", True)):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=installed: v)
+        torch_reads_fr_names.cache_clear()
+        assert torch_reads_fr_names() is expected, installed
+
+    def absent(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    torch_reads_fr_names.cache_clear()
+    assert torch_reads_fr_names() is False
+    monkeypatch.undo()
+    torch_reads_fr_names.cache_clear()

@@ -101,6 +101,17 @@ def test_a_wait_for_the_gpu_is_named_with_the_collective_on_its_line() -> None:
     assert describe(parse(FAULTHANDLER_ITEM)) == "not in torch.distributed: step at train.py:30"  # no source: unknown
 
 
+def test_a_cpu_ranks_item_is_not_a_wait_for_the_gpu() -> None:
+    """On a CPU rank (gloo) `.item()` waits for nothing: a collective on the same line is what blocks."""
+    lines = {("/jobs/train.py", 30): "    dist.all_reduce(t, async_op=True).wait(); v = t.item()"}
+    source = lambda f, n: lines.get((f, n), "")  # noqa: E731
+    assert describe(parse(FAULTHANDLER_ITEM), source, gpu=False) == (
+        "all_reduce, called from train.py:30 in step (no Python frame of its own)")
+    assert describe(parse(FAULTHANDLER_ITEM), source).startswith("item (waiting for the GPU)")
+    # torch.cuda.synchronize's own frame is a wait for the GPU whatever the rank was given
+    assert describe(parse(PYSPY_SYNCHRONIZE), gpu=False).startswith("synchronize (waiting for the GPU)")
+
+
 def test_no_frames() -> None:
     assert describe(parse("")) == "no Python frames"
     assert describe(parse("Thread 5 (idle): \"MainThread\"\n")) == "no Python frames"
