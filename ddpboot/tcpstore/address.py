@@ -7,8 +7,8 @@ Where more connections arrive at once than one listen queue holds (the kernel ca
 net.core.somaxconn), the store listens on a group of sockets bound to one address and port with SO_REUSEPORT
 (`listeners` > 1): each has its own queue and the kernel spreads new connections over them, so a burst of ranks is
 not dropped and retried a second later. Linux lets only sockets of the same user join such a group; ddpboot also
-checks, before binding and after, that no socket but the group's listens on that port, so that two jobs given the
-same --master-port still fail as with one socket, instead of sharing connections.
+checks, before binding and after (where /proc/net/tcp can be read), that no socket but the group's listens on that
+port, so that two jobs given the same --master-port still fail as with one socket, instead of sharing connections.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import errno
 import ipaddress
 import socket
 from pathlib import Path
+from typing import Any
 
 from ddpboot.errors import UsageError
+from ddpboot.tcpstore.peer import proc_address, unmapped
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
@@ -78,7 +80,8 @@ def bind_store_socket(
         _bind(sock, sockaddr, host, port, option)
         return sock
     if port:  # an explicit port: fail as one socket would if anything listens there (SO_REUSEPORT or not)
-        _bind(socket.socket(family, socket.SOCK_STREAM), sockaddr, host, port, option).close()
+        # bound, never listening: a node's early connection cannot land in this probe's queue and be reset
+        _bind(socket.socket(family, socket.SOCK_STREAM), sockaddr, host, port, option, listen=False).close()
     group = ListenerGroup(family, socket.SOCK_STREAM)
     group.siblings = []
     try:
@@ -90,11 +93,13 @@ def bind_store_socket(
             group.siblings.append(sibling)
             sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             _bind(sibling, bound, host, port, option)
-        others = _listeners_on(bound[0], int(bound[1])) - listeners
+        seen = _listeners_on(bound[0], int(bound[1]))
     except BaseException:
         group.close()
         raise
-    if others > 0:
+    # seen < listeners: the tables do not show the group itself (unreadable here), so they cannot show another
+    # socket either; the kernel's rule (same user only) and, for an explicit port, the probe above still hold
+    if seen > listeners:
         group.close()
         if not port and attempts > 1:  # the kernel gave us a port that someone else's group shares: take another
             return bind_store_socket(host, port, option, listeners=listeners, attempts=attempts - 1)
@@ -106,14 +111,17 @@ def bind_store_socket(
     return group
 
 
-def _bind(sock: socket.socket, sockaddr: tuple, host: str, port: int | None, option: str) -> socket.socket:  # type: ignore[type-arg]
+def _bind(
+    sock: socket.socket, sockaddr: tuple[Any, ...], host: str, port: int | None, option: str, *, listen: bool = True
+) -> socket.socket:
     addr = sockaddr[0]
     try:
         if port:
             # Reuse a port in TIME_WAIT from an earlier run; a port something listens on still fails below.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
-        sock.listen(LISTEN_BACKLOG)
+        if listen:
+            sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -134,8 +142,8 @@ def _bind(sock: socket.socket, sockaddr: tuple, host: str, port: int | None, opt
 
 def _listeners_on(addr: str, port: int) -> int:
     """Listening TCP sockets in this network namespace on `port`, at `addr` or the wildcard address
-    (/proc/net/tcp and tcp6, whose addresses are 32-bit words in host order)."""
-    mine = ipaddress.ip_address(addr)
+    (/proc/net/tcp and tcp6); 0 where neither table can be read."""
+    mine = ipaddress.ip_address(unmapped(addr.split("%")[0]))
     count = 0
     for table in TCP_TABLES:
         try:
@@ -146,12 +154,10 @@ def _listeners_on(addr: str, port: int) -> int:
             fields = line.split()
             if len(fields) < 4 or fields[3] != TCP_LISTEN:
                 continue
-            hexaddr, _, hexport = fields[1].partition(":")
-            if int(hexport, 16) != port:
+            address, their_port = proc_address(fields[1])
+            if their_port != port:
                 continue
-            words = bytes.fromhex(hexaddr)
-            raw = b"".join(words[i:i + 4][::-1] for i in range(0, len(words), 4))
-            theirs = ipaddress.ip_address(raw)
+            theirs = ipaddress.ip_address(unmapped(address))
             if theirs == mine or theirs.is_unspecified:
                 count += 1
     return count

@@ -219,7 +219,8 @@ class SocketTables:
 
     def find_many(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
         """`find` for each (local, remote) pair, in order: over netlink, one request message per pair and one send
-        per NETLINK_BATCH pairs (a burst of connections accepted together is judged in a few system calls)."""
+        per `batch` pairs (NETLINK_BATCH, halved after a drop): a burst accepted together is judged in a few system
+        calls."""
         if not self.netlink_broken:
             try:
                 return self.find_many_by_netlink(pairs)

@@ -77,6 +77,7 @@ class StoreServer:
         self.sel: selectors.BaseSelector | None = None
         self.poll = select.epoll()
         self.listen_fds = {sock.fileno(): sock for sock in self.listeners}
+        self._first_listener = 0  # where the next _accept starts: each socket of a group goes first in turn
         for fd in self.listen_fds:
             self.poll.register(fd, select.EPOLLIN)
         self.store = KeyValues(wake=self._flush)
@@ -149,7 +150,9 @@ class StoreServer:
         burst of ranks connecting at once leaves the queues quickly, so that fewer of their handshakes are dropped
         while one is full (each dropped one costs its client a retransmission, a second or more)."""
         accepted: list[socket.socket] = []
-        for listener in self.listeners:
+        first = self._first_listener
+        self._first_listener = (first + 1) % len(self.listeners)
+        for listener in self.listeners[first:] + self.listeners[:first]:  # no queue waits behind a full batch twice
             while len(accepted) < ACCEPT_BATCH:
                 try:
                     sock, _ = listener.accept()

@@ -134,6 +134,7 @@ class ElasticDriver:
         self.agent: RendezvousAgent | None = None
         self.watch_broken = False  # the agent cannot say whether nodes wait: stop asking
         self.base: Path | None = None
+        self.queue_noted = False  # the listen-queue note is said once, not every round
 
     def say(self, text: str) -> None:
         self.console.message(f"ddpboot: {text}")
@@ -199,6 +200,9 @@ class ElasticDriver:
         # sized for the largest round: this node may become group rank 0 and serve every rank of max_nodes
         most = self.nodes.max_nodes or 1
         queue = listen_queue(nlocal * most, most, self.spec.store)
+        if queue.note is not None and not self.queue_noted:
+            self.queue_noted = True
+            self.say(f"note: {queue.note}")
         listener = bind_store_socket(self.store_addr, None, listeners=queue.sockets)
         try:
             with signal_reader(self.spec.signals) as sigfd:

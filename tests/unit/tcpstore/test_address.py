@@ -4,7 +4,9 @@ else listens on the port asked for. Real sockets on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -85,6 +87,51 @@ def test_an_explicit_port_takes_a_group_once_free() -> None:
         assert group.getsockname()[1] == port and len(listening_sockets(group)) == 3
     finally:
         group.close()
+
+
+@contextlib.contextmanager
+def a_program_joins_the_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[socket.socket]]:
+    """Another program of the same user joins the group's port with SO_REUSEPORT after the group binds and before
+    the launcher's check of the port: a real socket, made just before the first real count of listeners."""
+    joined: list[socket.socket] = []
+
+    def join_then_count(addr: str, port: int) -> int:
+        if not joined:
+            other = socket.socket()
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            other.bind((addr, port))
+            other.listen()
+            joined.append(other)
+        return _listeners_on(addr, port)
+
+    monkeypatch.setattr("ddpboot.tcpstore.address._listeners_on", join_then_count)
+    try:
+        yield joined
+    finally:
+        for sock in joined:
+            sock.close()
+
+
+def test_a_port_another_program_joined_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = bind_store_socket("127.0.0.1", None)
+    port = probe.getsockname()[1]
+    probe.close()
+    with a_program_joins_the_group(monkeypatch) as joined:
+        with pytest.raises(UsageError, match=f"--master-port {port}: another program listens on port {port} too"):
+            bind_store_socket("127.0.0.1", port, listeners=3)
+        assert len(joined) == 1 and _listeners_on("127.0.0.1", port) == 1  # only the other program's socket
+
+
+def test_a_free_port_another_program_joined_is_traded_for_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    with a_program_joins_the_group(monkeypatch) as joined:
+        group = bind_store_socket("127.0.0.1", None, listeners=3)
+        try:
+            taken = joined[0].getsockname()[1]
+            port = group.getsockname()[1]
+            assert port != taken and len(listening_sockets(group)) == 3
+            assert _listeners_on("127.0.0.1", port) == 3 and _listeners_on("127.0.0.1", taken) == 1
+        finally:
+            group.close()
 
 
 def test_listeners_are_counted_by_address_and_wildcard() -> None:

@@ -305,3 +305,16 @@ def test_group_rank_0_serves_the_store_on_its_address(tmp_path: Path) -> None:
     assert temporary
     assert "rendezvous round 1: node 0 of 2" in job.console.text  # torch's number unknown: this node's count
     workdir.rmdir()
+
+
+def test_the_listen_queue_note_is_said_once_over_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the store's sockets cannot queue the largest round's burst, the note naming the sysctl is said before
+    the first round, not again at each restart."""
+    from ddpboot.launch.preflight import ListenQueue
+
+    monkeypatch.setattr("ddpboot.launch.elastic.driver.listen_queue",
+                        lambda *args: ListenQueue(1, "raise net.core.somaxconn"))
+    rounds: list[Round | BaseException] = [a_round(number=1), a_round(number=2)]
+    job = run_job(FakeAgent(rounds), Supervisors(exits(7), exits(0)), tmp_path, max_restarts=1)
+    assert job.code == 0
+    assert job.console.text.count("note: raise net.core.somaxconn") == 1
