@@ -34,9 +34,15 @@ class RunRecord:
 
 
 def publish(record: RunRecord) -> None:
-    """Write the record into the run directory (best effort: a dump works without it)."""
-    with contextlib.suppress(OSError):
-        (record.run_dir / RECORD).write_text(record.to_json() + "\n", encoding="utf-8")
+    """Write the record into the run directory (best effort: a dump works without it). Written beside and renamed
+    into place, so that whoever finds the file (`ddpboot stacks RUN_DIR`) reads it whole, never empty."""
+    partial = record.run_dir / f".{RECORD}.{os.getpid()}"
+    try:
+        partial.write_text(record.to_json() + "\n", encoding="utf-8")
+        os.replace(partial, record.run_dir / RECORD)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def unpublish(record: RunRecord) -> None:

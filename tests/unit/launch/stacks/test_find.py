@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,37 @@ def test_a_rank_process_is_seen_through_proc(tmp_path: Path) -> None:
         assert path in finder.stacks_paths()
     finally:
         child.communicate(b"")
+
+
+READER = """
+import json, sys, time
+from pathlib import Path
+path, torn, whole = Path(sys.argv[1]), 0, 0
+print("ready", flush=True)
+while not path.with_name("done").exists():
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        continue
+    try:
+        json.loads(text)
+        whole += 1
+    except ValueError:
+        torn += 1
+print(torn, whole)
+"""
+
+
+def test_the_record_is_read_whole_while_it_is_written(tmp_path: Path) -> None:
+    """Another process reading the record while the launcher writes it (`ddpboot stacks RUN_DIR` just after the
+    start) finds it absent or whole, never empty or cut."""
+    me = RunRecord(os.getpid(), "run-torn", tmp_path)
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path / RECORD)], stdout=subprocess.PIPE,
+                              text=True)
+    assert reader.stdout is not None and reader.stdout.readline() == "ready\n"
+    for _ in range(3000):
+        publish(me)
+    (tmp_path / "done").touch()
+    torn, whole = (int(n) for n in reader.communicate(timeout=60)[0].split())
+    assert whole > 0 and torn == 0, f"{torn} torn reads of {torn + whole}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done", RECORD]  # nothing half-written left beside it
