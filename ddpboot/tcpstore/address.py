@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.errors import UsageError
-from ddpboot.tcpstore.peer import proc_address, unmapped
+from ddpboot.tcpstore.allow import plain_address
+from ddpboot.tcpstore.peer import proc_address
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
@@ -143,7 +144,7 @@ def _bind(
 def _listeners_on(addr: str, port: int) -> int:
     """Listening TCP sockets in this network namespace on `port`, at `addr` or the wildcard address
     (/proc/net/tcp and tcp6); 0 where neither table can be read."""
-    mine = ipaddress.ip_address(unmapped(addr.split("%")[0]))
+    mine = plain_address(addr)
     count = 0
     for table in TCP_TABLES:
         try:
@@ -157,8 +158,8 @@ def _listeners_on(addr: str, port: int) -> int:
             address, their_port = proc_address(fields[1])
             if their_port != port:
                 continue
-            theirs = ipaddress.ip_address(unmapped(address))
-            if theirs == mine or theirs.is_unspecified:
+            theirs = plain_address(address)
+            if theirs is not None and (theirs == mine or theirs.is_unspecified):
                 count += 1
     return count
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import linecache
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
+from ddpboot.launch.stacks.find import write_whole
 from ddpboot.launch.stacks.summary import describe, main_frames, parse
 
 
@@ -94,9 +94,7 @@ def write(dump: Dump, run_dir: Path, say: Callable[[str], None]) -> Path | None:
     text = dump.text()
     try:
         text_path.write_text(text + "\n", encoding="utf-8")
-        tmp = json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(dump.to_json(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, json_path)
+        write_whole(json_path, json.dumps(dump.to_json(), indent=1) + "\n")
     except OSError as exc:
         say(f"ddpboot: cannot write the stacks into {run_dir}: {exc}")
         say(text)

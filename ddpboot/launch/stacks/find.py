@@ -33,16 +33,23 @@ class RunRecord:
         return json.dumps({"pid": self.pid, "run_id": self.run_id, "run_dir": str(self.run_dir)})
 
 
-def publish(record: RunRecord) -> None:
-    """Write the record into the run directory (best effort: a dump works without it). Written beside and renamed
-    into place, so that whoever finds the file (`ddpboot stacks RUN_DIR`) reads it whole, never empty."""
-    partial = record.run_dir / f".{RECORD}.{os.getpid()}"
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` beside `path` and rename it into place: whoever looks for the file (`ddpboot stacks`, awaiting
+    a record or a dump) finds it absent or whole, never empty or cut."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        partial.write_text(record.to_json() + "\n", encoding="utf-8")
-        os.replace(partial, record.run_dir / RECORD)
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
     except OSError:
         with contextlib.suppress(OSError):
             partial.unlink()
+        raise
+
+
+def publish(record: RunRecord) -> None:
+    """Write the record into the run directory (best effort: a dump works without it)."""
+    with contextlib.suppress(OSError):
+        write_whole(record.run_dir / RECORD, record.to_json() + "\n")
 
 
 def unpublish(record: RunRecord) -> None:
