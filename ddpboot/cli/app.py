@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from typer._click import exceptions  # the click that typer carries (its own copy)
 
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] not in TOOLS:
+        _refuse_mistyped_tool(args[0])
     if args and args[0] in TOOLS:
         from ddpboot.cli.tools import tools as command
 
@@ -35,3 +37,22 @@ def main(argv: list[str] | None = None) -> NoReturn:
         print("Aborted!", file=sys.stderr)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse_mistyped_tool(first: str) -> None:
+    """`ddpboot plans`, `ddpboot help`, `ddpboot version`: a first word that is no file but looks like a subcommand
+    (or asks for help or the version) is answered with the command meant, not with "the script does not exist"."""
+    import difflib
+    import os
+
+    if first.startswith("-") or os.path.exists(first):
+        return
+    meant = {"help": "ddpboot -h", "version": "ddpboot --version"}.get(first)
+    close = difflib.get_close_matches(first, TOOLS, n=1, cutoff=0.6)
+    if meant is None and close:
+        meant = f"ddpboot {close[0]}"
+    if meant is not None:
+        from ddpboot.cli.output import fail_now
+
+        fail_now(f"{first!r} is neither a subcommand nor a script here. Did you mean `{meant}`? The subcommands are "
+                 f"{', '.join(TOOLS)}; anything else is the script to run.")

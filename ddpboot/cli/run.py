@@ -79,7 +79,7 @@ from ddpboot.launch.config import (
 )
 from ddpboot.launch.faststart import supports
 from ddpboot.launch.options import DEFAULT_SIGNALS, parse_duration, parse_rdzv_conf, parse_signals
-from ddpboot.launch.preflight import check_rank_count, check_target
+from ddpboot.launch.preflight import check_python, check_rank_count, check_target
 from ddpboot.launch.spec import Target
 from ddpboot.nodes.check import join_timeout
 from ddpboot.nodes.launcher import NodeOptions, launcher_nodes, store_address
@@ -179,7 +179,7 @@ def run(
         join = join_timeout(conf)
         output = OutputConfig.parse(log_dir, redirects, tee, local_ranks_filter, ranks_filter, not no_prefix,
                                     log_mode)
-        python = env.get("PYTHON_EXEC") or sys.executable
+        python = check_python(env)
         target = check_target(Target(kind, script, tuple(args or ())), python, env, cwd)
         preloads = parse_preloads(preload, fast_start)
         if preloads and python == sys.executable:  # another interpreter has its own path: it checks at start

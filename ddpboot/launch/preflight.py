@@ -17,7 +17,62 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.procs.spawn import shebang
 from ddpboot.launch.spec import Target
+
+ELF_MAGIC = b"\x7fELF"
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh"})
+
+
+def check_python(env: Mapping[str, str]) -> str:
+    """The interpreter the ranks run: PYTHON_EXEC (a path, or a name on PATH) or the launcher's own. One that does
+    not exist or cannot run is an error now: found by exec in every rank, it would fail the job at its start."""
+    given = env.get("PYTHON_EXEC")
+    if not given:
+        return sys.executable
+    what = f"PYTHON_EXEC={given}"
+    found = given if os.sep in given else shutil.which(given, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise UsageError(f"{what}: no program {given!r} on PATH. Set PYTHON_EXEC to a Python interpreter's path "
+                         f"(e.g. PYTHON_EXEC={sys.executable}), or unset it to use {sys.executable}.")
+    _check_runnable(Path(found).absolute(), what, f"Set PYTHON_EXEC to a Python interpreter (e.g. {sys.executable}), "
+                    "or unset it")
+    return str(Path(found).absolute())
+
+
+def script_interpreter(words: list[str]) -> str | None:
+    """The program a `#!` line runs: its first word, or for `#!/usr/bin/env [-S] NAME` the NAME."""
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    return words[0] if words else None
+
+
+def _starts_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ELF_MAGIC
+    except OSError:
+        return False
+
+
+def _check_runnable(path: Path, what: str, todo: str) -> None:
+    """A program exec can start: it exists, is a file with the x bit, and its #! interpreter exists."""
+    if not path.exists():
+        dangling = " (a symbolic link to a missing file)" if path.is_symlink() else ""
+        raise UsageError(f"{what}: {path} does not exist{dangling}. {todo}.")
+    if path.is_dir():
+        raise UsageError(f"{what}: {path} is a directory, not a program. {todo}.")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"{what}: {path} is not executable (no x permission for you). Make it executable "
+                         f"(chmod +x {path}), or: {todo[0].lower()}{todo[1:]}.")
+    words = shebang(path)
+    if words is not None:
+        interpreter = words[0] if words else ""
+        if not interpreter or not os.path.isfile(interpreter) or not os.access(interpreter, os.X_OK):
+            missing = "names no interpreter" if not interpreter else f"names {interpreter}, which " + (
+                "does not exist" if not os.path.exists(interpreter) else "is not an executable file")
+            raise UsageError(f"{what}: {path} starts with a #! line that {missing}. Fix its first line (e.g. "
+                             "#!/usr/bin/env bash), or run it through its interpreter.")
 
 
 def check_target(target: Target, python: str, env: Mapping[str, str], cwd: Path) -> Target:
@@ -38,18 +93,53 @@ def _check_script(name: str, cwd: Path, via: str) -> None:
     path = Path(name) if os.path.isabs(name) else cwd / name
     what = f"the script {name!r}" + (f" ({via})" if via else "")
     if not path.exists():
-        near = sorted(p.name for p in path.parent.glob("*.py"))[:8] if path.parent.is_dir() else []
-        hint = f" Python files there: {', '.join(near)}." if near else ""
-        raise UsageError(
-            f"{what} does not exist (looked for {path}).{hint} Give the path of the training script; for a module "
-            "use -m NAME, for a program on PATH --no-python."
-        )
+        if path.is_symlink():
+            raise UsageError(f"{what} is a symbolic link to a missing file ({path} -> {os.readlink(path)}). Point "
+                             "it at the training script, or give the script's own path.")
+        raise UsageError(f"{what} does not exist (looked for {path}).{_nearby(path)} {_not_found_todo(name)}")
     if path.is_dir():
         if not (path / "__main__.py").is_file():
             raise UsageError(f"{what} is a directory without __main__.py; give the script inside it.")
         return
     if not os.access(path, os.R_OK):
         raise UsageError(f"{what} exists but is not readable by you ({path}); check its permissions.")
+    _check_is_python(path, what)
+
+
+def _nearby(path: Path, most: int = 8) -> str:
+    """The Python files beside a missing script (that exist), as a hint; '…' where there are more."""
+    if not path.parent.is_dir():
+        return ""
+    near = sorted(p.name for p in path.parent.glob("*.py") if p.exists())
+    if not near:
+        return ""
+    more = ", …" if len(near) > most else ""
+    return f" Python files there: {', '.join(near[:most])}{more}."
+
+
+def _not_found_todo(name: str) -> str:
+    """What to do about a script name that is no file: a subcommand's typo, a program, or the training script."""
+    if os.path.basename(name).startswith("python") and shutil.which(name):
+        return (f"{name!r} is the Python interpreter: ddpboot runs the script with Python itself, so drop "
+                f"{name!r} (`ddpboot --nproc 2 train.py`), or set PYTHON_EXEC={name} to use that interpreter.")
+    if os.sep not in name and shutil.which(name):
+        return f"{name!r} is a program on PATH: run it with --no-python (`ddpboot --no-python {name} ...`)."
+    return "Give the path of the training script; for a module use -m NAME, for a program --no-python."
+
+
+def _check_is_python(path: Path, what: str) -> None:
+    """A shell script or a compiled program given as the script: Python would stop at its first line with a
+    SyntaxError in every rank; say what it is instead."""
+    kind = None
+    words = shebang(path)
+    interpreter = script_interpreter(words) if words else None
+    if interpreter is not None and os.path.basename(interpreter) in SHELLS:
+        kind = f"a {os.path.basename(interpreter)} script (#!{' '.join(words or ())}), not Python"
+    elif _starts_elf(path):
+        kind = "a compiled program (ELF), not a Python script"
+    if kind is not None:
+        raise UsageError(f"{what} is {kind}: Python would stop at its first line in every rank. Run it with "
+                         f"--no-python (`ddpboot --no-python ... {path.name}`), which executes it directly.")
 
 
 def _search_path(python: str, env: Mapping[str, str], cwd: Path) -> list[str]:
@@ -108,13 +198,8 @@ def _check_module(name: str, python: str, env: Mapping[str, str], cwd: Path) -> 
 def _check_binary(name: str, env: Mapping[str, str], cwd: Path) -> str:
     if os.sep in name:
         path = Path(name) if os.path.isabs(name) else cwd / name
-        if not path.exists():
-            raise UsageError(f"--no-python: the program {name!r} does not exist (looked for {path}).")
-        if path.is_dir() or not os.access(path, os.X_OK):
-            raise UsageError(
-                f"--no-python: {name!r} is not executable ({path}). Make it executable (chmod +x), or drop "
-                "--no-python to run a Python script."
-            )
+        _check_runnable(path, f"--no-python {name}", "Give a program to run, or drop --no-python to run a Python "
+                        "script")
         return str(path)
     found = shutil.which(name, path=env.get("PATH", os.defpath))
     if found is None:
@@ -122,6 +207,7 @@ def _check_binary(name: str, env: Mapping[str, str], cwd: Path) -> str:
             f"--no-python: no program {name!r} on PATH ({env.get('PATH', os.defpath)}). Give its path, or drop "
             "--no-python to run a Python script."
         )
+    _check_runnable(Path(found), f"--no-python {name}", "Fix the program, or give another")
     return found
 
 

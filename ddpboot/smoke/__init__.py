@@ -9,6 +9,7 @@ timeout, the driver asks it for every rank's stack (ddpboot/launch/stacks/) and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.procs.groups import signal_group
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.planner import Plan
 from ddpboot.units import format_size
@@ -212,7 +214,8 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     try:
         proc.wait(timeout=8)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            signal_group(proc.pid, signal.SIGKILL)  # its own session (start_new_session)
 
 
 def _events(out: Path, rank: int) -> list[dict[str, Any]]:

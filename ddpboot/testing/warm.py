@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from ddpboot.launch.procs.groups import signal_process
 from ddpboot.testing.job import PRELOAD_VAR
 
 STOP_AFTER = 1.0  # seconds after the test's timeout (when every rank dumps its stack) before the launcher is stopped
@@ -91,7 +92,7 @@ class WarmLauncher:
             return int(done["code"])
         # Past the timeout every rank has dumped its stack: stop the launcher as a user would (it ends its ranks).
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(started["pid"]), signal.SIGTERM)
+            signal_process(int(started["pid"]), signal.SIGTERM)
         if self._line(time.monotonic() + GRACE) is None:
             self.close()
         return None

@@ -22,6 +22,7 @@ from typing import Any
 from ddpboot.contract import STOP_SIGNALS
 from ddpboot.launch.elastic.rounds import Round
 from ddpboot.launch.logs import Console
+from ddpboot.launch.procs.groups import signal_process
 from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.procs.spawn import spawn
 
@@ -136,7 +137,7 @@ class RdzvAgent:
                 return
             if time.monotonic() >= deadline:
                 with contextlib.suppress(OSError):
-                    os.kill(self.pid, signal.SIGKILL)
+                    signal_process(self.pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(self.pid, 0)
                 return

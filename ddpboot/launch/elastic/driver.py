@@ -243,7 +243,7 @@ class ElasticDriver:
         sup = self.supervisor(
             spec, round_plan(self.plan, rnd), listener, self.env,
             workdir, temporary, watch=self._watch, watch_interval=WATCH_INTERVAL,
-            attempts=range(restarts, restarts + 1), **kwargs,
+            attempts=range(restarts, restarts + 1), started_before=count > 1, **kwargs,
         )
         code = sup.run()
         return code, sup.result

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpboot.launch.procs.groups import NotOurGroup, signal_group
 from ddpboot.launch.spec import StoreBackend
 from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AllowList
@@ -202,8 +203,8 @@ class _Control:
     def launcher_gone(self) -> None:
         """Nothing of the job may outlive the launcher."""
         for pgid in self.groups:
-            with contextlib.suppress(OSError):
-                os.killpg(pgid, signal.SIGKILL)
+            with contextlib.suppress(OSError, NotOurGroup):
+                signal_group(pgid, signal.SIGKILL)
         if self.tempdir is not None:
             shutil.rmtree(self.tempdir, ignore_errors=True)
         self.done = True

@@ -33,7 +33,45 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SpawnError(DdpbootError):
-    """A worker could not be started (exec failed): nothing of this attempt runs."""
+    """A program could not be started (exec failed): nothing of it ran. `errno` is exec's error number, `program`
+    the path exec was given; the message says why, with the #! interpreter where that is what is missing."""
+
+    def __init__(self, program: str, errno_: int, text: str) -> None:
+        super().__init__(f"cannot start {program}: {text} ({errno.errorcode.get(errno_, errno_)})"
+                         f"{exec_failure_hint(program, errno_)}.")
+        self.program = program
+        self.errno = errno_
+
+    @property
+    def shell_code(self) -> int:
+        """The exit code a shell gives a command it could not run: 127 for not found, 126 for found but not
+        runnable (permission, format, a loop of #! interpreters)."""
+        return 127 if self.errno == errno.ENOENT else 126
+
+
+def shebang(path: str | os.PathLike[str]) -> list[str] | None:
+    """The words of a file's `#!` line (the interpreter first); None without one or when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    return os.fsdecode(head[2:].split(b"\n", 1)[0]).split()
+
+
+def exec_failure_hint(program: str, errno_: int) -> str:
+    """What exec's error means for this program: ENOENT for a file that exists is its #! interpreter missing."""
+    if errno_ == errno.ENOENT and os.path.isfile(program):
+        words = shebang(program)
+        if words:
+            return f": its #! line names {words[0]}, which does not exist"
+    if errno_ == errno.ENOEXEC:
+        return ": not a binary the kernel can run (a script needs a #! line)"
+    if errno_ == errno.ELOOP:
+        return ": its #! interpreters name each other too deeply (the kernel follows 4)"
+    return ""
 
 
 def prctl(option: int, value: int) -> None:
@@ -77,10 +115,7 @@ def spawn(
     if failure:
         os.waitpid(pid, 0)
         num, _, text = failure.decode(errors="replace").partition(":")
-        hint = ""
-        if int(num or 0) == errno.ENOEXEC:
-            hint = " (not a binary the kernel can run: a script needs a #! line)"
-        raise SpawnError(f"cannot start {argv[0]}: {text}{hint}.")
+        raise SpawnError(argv[0], int(num or 0), text)
     return pid
 
 

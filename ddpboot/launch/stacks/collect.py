@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.contract import RANK_STACKS_SIGNAL
+from ddpboot.launch.procs.groups import signal_process
 
 BACKEND_VAR = "DDPBOOT_STACKS_BACKEND"
 BACKENDS = ("auto", "py-spy", "faulthandler")
@@ -131,7 +132,7 @@ def _faulthandler(targets: Sequence[RankTarget], problems: Mapping[int, str]) ->
             continue
         sent[t.pid] = _size(t.stacks_file)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(t.pid, RANK_STACKS_SIGNAL)
+            signal_process(t.pid, RANK_STACKS_SIGNAL)
     texts = _read_new(targets, sent)
     for t in targets:
         if t.pid in sent:

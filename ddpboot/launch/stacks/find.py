@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ddpboot.contract import STACKS_SIGNAL, STACKS_VAR
 from ddpboot.errors import UsageError
+from ddpboot.launch.procs.groups import signal_process
 
 RECORD = "launcher.json"
 
@@ -60,7 +61,8 @@ def unpublish(record: RunRecord) -> None:
 def _read(path: Path) -> RunRecord | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return RunRecord(int(data["pid"]), str(data["run_id"]), Path(data["run_dir"]))
+        record = RunRecord(int(data["pid"]), str(data["run_id"]), Path(data["run_dir"]))
+        return record if record.pid > 1 else None  # a damaged file: pid 0 would signal the caller's group
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -138,7 +140,7 @@ def dumps(run_dir: Path) -> set[Path]:
 def request_dump(record: RunRecord, timeout: float) -> Path | None:
     """Send the launcher STACKS_SIGNAL; the new dump's JSON file, or None if none came within `timeout`."""
     before = dumps(record.run_dir)
-    os.kill(record.pid, STACKS_SIGNAL)
+    signal_process(record.pid, STACKS_SIGNAL)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         new = dumps(record.run_dir) - before

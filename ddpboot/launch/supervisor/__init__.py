@@ -31,7 +31,7 @@ from ddpboot.launch.stacks import dump as stack_dump
 from ddpboot.launch.stacks.collect import RankTarget
 from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
-from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable
+from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable, RankStartError
 from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus
 from ddpboot.launch.supervisor.starters import choose_starter
 from ddpboot.launch.supervisor.workers import (
@@ -75,6 +75,7 @@ class Supervisor:
         log_mode: LogMode = LogMode.PRIVATE,
         store_allow: AllowList | None = None,
         stall_timeout: float | None = None,
+        started_before: bool = False,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -103,6 +104,9 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.sigfd: SignalFd | None = None
         self.procs: ProcessTable | None = None
+        # Whether ranks of this job ran before this supervisor's first attempt (an elastic job's later rounds): a
+        # rank that then cannot start is a failure of the job (126/127), not a usage error (2).
+        self.started_before = started_before
 
     # --- the job -----------------------------------------------------------------------------------
 
@@ -146,7 +150,14 @@ class Supervisor:
                 except GuardianError as exc:
                     self.console.message(f"ddpboot: error: {exc}; not restarting")
                     return 1
-            result = self._attempt(procs, sigfd, attempt)
+            try:
+                result = self._attempt(procs, sigfd, attempt)
+            except RankStartError as exc:
+                if not self.started_before and attempt == self.attempts.start:
+                    raise  # nothing of the job ran: a usage error (exit 2), reported by the command line
+                self.console.message(f"ddpboot: error: {exc} Not restarting (exit code {exc.cause.shell_code}).")
+                return exc.cause.shell_code
+            self.started_before = True
             self.result = result
             outcome = AttemptOutcome(attempt, result.code, result.stop_signal is not None, result.restart_reason,
                                      procs.guardian_code is not None)

@@ -18,9 +18,12 @@ import selectors
 import signal
 from collections.abc import Callable, Hashable, Sequence
 
+from ddpboot.errors import DdpbootError
 from ddpboot.launch.logs import Console, RankStream
+from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.signals import SignalFd, sender_name
+from ddpboot.launch.procs.spawn import SpawnError
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
@@ -41,6 +44,15 @@ def cpu_seconds(pid: int) -> tuple[float, bool] | None:
         return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0] in (b"R", b"D")
     except (OSError, IndexError, ValueError):
         return None
+
+
+class RankStartError(DdpbootError):
+    """A rank's program could not be started (exec failed); the ranks started before it are killed."""
+
+    def __init__(self, rank: int, cause: SpawnError) -> None:
+        super().__init__(f"rank {rank} {cause}")
+        self.rank = rank
+        self.cause = cause
 
 
 class ProcessTable:
@@ -84,10 +96,10 @@ class ProcessTable:
         """The workers (indexes) whose process group has just emptied; the guardian forgets them."""
         gone = []
         for i, w in enumerate(self.workers):
-            if w.status is None or w.group_gone:
+            if w.status is None or w.group_gone or not w.pid:
                 continue
             try:
-                os.killpg(w.pid, 0)
+                signal_group(w.pid, 0)
             except ProcessLookupError:
                 w.group_gone = True
                 gone.append(i)
@@ -99,16 +111,14 @@ class ProcessTable:
         return gone
 
     def signal_group(self, w: Worker, signo: int) -> None:
-        if w.group_gone:
+        if w.group_gone or not w.pid:  # never started (pid 0 would be killpg of the launcher's own group)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.pid, signo)
+            signal_group(w.pid, signo)
 
     def kill_all(self) -> None:
         for w in self.workers:
-            if not w.group_gone:
-                with contextlib.suppress(OSError):
-                    os.killpg(w.pid, signal.SIGKILL)
+            self.signal_group(w, signal.SIGKILL)
 
     def sent_by_worker(self, pid: int) -> bool:
         """Whether `pid` (a signal's sender) is inside one of the workers' process groups."""
@@ -129,6 +139,8 @@ class ProcessTable:
                 err_r, err_w = os.pipe()
                 try:
                     w.pid = self.starter.start(w, out_w, err_w)
+                except SpawnError as exc:
+                    raise RankStartError(w.slot.rank, exc) from None
                 finally:
                     os.close(out_w)
                     os.close(err_w)
@@ -149,11 +161,10 @@ class ProcessTable:
     def _kill_started(self) -> None:
         for w in self.workers:
             if w.pid:
-                with contextlib.suppress(OSError):
-                    os.killpg(w.pid, signal.SIGKILL)
+                self.signal_group(w, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(w.pid, 0)
-                w.group_gone = True
+            w.group_gone = True
 
 
 class AttemptLoop:

@@ -16,6 +16,7 @@ from ddpboot.launch.preflight import (
     RANKS_PER_CORE,
     STORE_CONNECTIONS_PER_RANK,
     ListenQueue,
+    check_python,
     check_rank_count,
     check_target,
     ensure_open_files,
@@ -75,8 +76,58 @@ def test_binaries(tmp_path: Path) -> None:
     assert check("binary", "./tool", tmp_path).name == str(tmp_path / "tool")
     with pytest.raises(UsageError, match="no program 'no-such-program-here' on PATH"):
         check("binary", "no-such-program-here", tmp_path)
-    with pytest.raises(UsageError, match=r"the program '\./gone' does not exist"):
+    with pytest.raises(UsageError, match=r"--no-python \./gone: .*/gone does not exist"):
         check("binary", "./gone", tmp_path)
+    with pytest.raises(UsageError, match=r"is a directory, not a program"):
+        check("binary", str(tmp_path), tmp_path)
+    (tmp_path / "bad.sh").write_text("#!/nonexistent/bin/bash\necho\n")
+    (tmp_path / "bad.sh").chmod(0o755)
+    with pytest.raises(UsageError, match=r"#! line that names /nonexistent/bin/bash, which does not exist"):
+        check("binary", "./bad.sh", tmp_path)
+    (tmp_path / "empty.sh").write_text("#!\necho\n")
+    (tmp_path / "empty.sh").chmod(0o755)
+    with pytest.raises(UsageError, match=r"#! line that names no interpreter"):
+        check("binary", "./empty.sh", tmp_path)
+
+
+def test_a_script_that_is_no_python_is_named_for_what_it_is(tmp_path: Path) -> None:
+    for first, kind in (("#!/bin/bash", "a bash script"), ("#!/usr/bin/env -S bash -e", "a bash script"),
+                        ("#!/bin/sh", "a sh script")):
+        (tmp_path / "run.sh").write_text(f"{first}\necho hi\n")
+        with pytest.raises(UsageError, match=rf"is {kind} \(#!.*\), not Python.*--no-python"):
+            check("script", "run.sh", tmp_path)
+    (tmp_path / "prog").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
+    with pytest.raises(UsageError, match="a compiled program \\(ELF\\)"):
+        check("script", "prog", tmp_path)
+    for first in ("#!/usr/bin/env python3", "#!/usr/bin/python", "import os"):
+        (tmp_path / "train.py").write_text(f"{first}\n")
+        check("script", "train.py", tmp_path)
+
+
+def test_a_missing_script_says_what_the_name_is(tmp_path: Path) -> None:
+    (tmp_path / "dangling.py").symlink_to(tmp_path / "missing.py")
+    with pytest.raises(UsageError, match="symbolic link to a missing file"):
+        check("script", "dangling.py", tmp_path)
+    for i in range(10):
+        (tmp_path / f"f{i}.py").write_text("")
+    with pytest.raises(UsageError, match=r"Python files there: f0\.py, .*f7\.py, …\.") as info:
+        check("script", "nope.py", tmp_path)
+    assert "dangling.py" not in str(info.value)  # its target is missing: it is not a file there
+    with pytest.raises(UsageError, match="'ls' is a program on PATH: run it with --no-python"):
+        check("script", "ls", tmp_path)
+    with pytest.raises(UsageError, match=r"'python3' is the Python interpreter.*drop 'python3'"):
+        check("script", "python3", tmp_path)
+
+
+def test_the_interpreter_is_checked_before_anything_starts(tmp_path: Path) -> None:
+    assert check_python({}) == sys.executable
+    assert check_python({"PYTHON_EXEC": "sh", "PATH": os.defpath}).endswith("/sh")
+    with pytest.raises(UsageError, match="PYTHON_EXEC=/nonexistent/python: /nonexistent/python does not exist"):
+        check_python({"PYTHON_EXEC": "/nonexistent/python"})
+    with pytest.raises(UsageError, match="no program 'no-such-python' on PATH"):
+        check_python({"PYTHON_EXEC": "no-such-python", "PATH": str(tmp_path)})
+    with pytest.raises(UsageError, match="is a directory"):
+        check_python({"PYTHON_EXEC": str(tmp_path)})
 
 
 def test_module_names() -> None:
