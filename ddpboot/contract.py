@@ -7,15 +7,54 @@ may pull the other's layer in through it. Changing a name here changes the publi
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 # --- isolation -----------------------------------------------------------------------------------------------
 
-Isolation = Literal["rank", "node"]
-ISOLATIONS: tuple[Isolation, ...] = ("rank", "node")
-"""`rank`: each worker sees only its own GPUs (as cuda:0) and LOCAL_RANK is 0; `node`: every worker sees all the
-node's selected GPUs and the true LOCAL_RANK (torchrun's semantics)."""
+class Isolation(str, Enum):
+    """How much of the node's GPU selection each worker sees. The one home of what a mode means: the planner, the
+    workers' environment, the worker API's guards, smoke and the renderers ask it, never compare strings.
+
+    RANK: each worker sees only its own GPUs (its first is cuda:0) and LOCAL_RANK is 0 (the true index is
+    DDPBOOT_LOCAL_RANK). NODE: every worker sees all the node's selected GPUs and the true LOCAL_RANK, its first GPU
+    being cuda:LOCAL_RANK*GPUS_PER_RANK (torchrun's semantics)."""
+
+    RANK = "rank"
+    NODE = "node"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, text: str | None, where: str = "--isolation") -> Isolation:
+        """A mode from its name (any case, spaces ignored); ValueError naming `where` and the choices otherwise."""
+        value = (text or "").strip().lower()
+        for mode in cls:
+            if value == mode.value:
+                return mode
+        given = f"{where} {text!r}" if where.startswith("-") else f"{where}={text!r}"
+        raise ValueError(f"{given}: choose rank (each worker sees only its own GPUs) or node (every worker "
+                         "sees all the node's GPUs, as under torchrun).")
+
+    @property
+    def own_gpus_only(self) -> bool:
+        """Whether a worker's CUDA_VISIBLE_DEVICES lists only its own GPUs."""
+        return self is Isolation.RANK
+
+    def visible_devices(self, own: Sequence[str], node: Sequence[str]) -> str:
+        """A worker's CUDA_VISIBLE_DEVICES, from its own GPUs and the node's selection (both as CUDA names)."""
+        return ",".join(own if self.own_gpus_only else node)
+
+    def first_device(self, local_rank: int, gpus_per_rank: int) -> int:
+        """The CUDA ordinal, inside the worker, of the worker's first GPU."""
+        return 0 if self.own_gpus_only else local_rank * gpus_per_rank
+
+    def exported_local_rank(self, local_rank: int) -> int:
+        """The LOCAL_RANK a worker is given (0 under rank isolation, so that `set_device(LOCAL_RANK)` works)."""
+        return 0 if self.own_gpus_only else local_rank
+
 
 # --- the variables ddpboot adds to torchrun's contract ----------------------------------------------------------
 

@@ -94,7 +94,7 @@ def render_plan(plan: Plan, wide: bool = False) -> None:
             add(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu", cores)
             continue
         cvd = ",".join(short_uuid(u) for u in slot.cuda_visible_devices.split(","))
-        if plan.isolation == "node" and len(plan.ranks) > 1:
+        if not plan.isolation.own_gpus_only and len(plan.ranks) > 1:
             cvd = f"all {len(slot.cuda_visible_devices.split(','))} selected"
         for j, gpu in enumerate(slot.gpus):
             first = j == 0

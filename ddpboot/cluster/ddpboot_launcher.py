@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from ddpboot.cluster.base import first_set
 from ddpboot.cluster.torchrun import TorchrunEnvironment
-from ddpboot.contract import GPU_UUIDS_VAR, ISOLATION_VAR, ISOLATIONS, Isolation
+from ddpboot.contract import GPU_UUIDS_VAR, ISOLATION_VAR, Isolation
 from ddpboot.errors import WorkerEnvError
 
 
@@ -39,17 +39,15 @@ class DdpbootEnvironment(TorchrunEnvironment):
     def __init__(self, env: Mapping[str, str]) -> None:
         super().__init__(env)
         found = first_set(env, [ISOLATION_VAR])
-        value = "rank" if found is None else found[1]
-        if value not in ISOLATIONS:
-            raise WorkerEnvError(
-                f"{ISOLATION_VAR}={value!r} is neither 'rank' nor 'node'. Fix: let the ddpboot launcher set it."
-            )
-        self._isolation: Isolation = "rank" if value == "rank" else "node"
+        try:
+            self._isolation = Isolation.RANK if found is None else Isolation.parse(found[1], ISOLATION_VAR)
+        except ValueError as exc:
+            raise WorkerEnvError(f"{exc} Fix: let the ddpboot launcher set it.") from None
         self._assigned = split_uuids(env.get(GPU_UUIDS_VAR))
 
     @property
     def isolation(self) -> Isolation:
-        """DDPBOOT_ISOLATION: "rank" (each worker sees only its own GPUs) or "node" (torchrun's semantics)."""
+        """DDPBOOT_ISOLATION: each worker sees only its own GPUs (RANK) or all the node's (NODE, torchrun's)."""
         return self._isolation
 
     @property

@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpboot.contract import RANK_STACKS_SIGNAL, STACKS_VAR, stacks_file, stacks_spec
+from ddpboot.contract import (
+    ERROR_FILE_VAR,
+    GPU_UUIDS_VAR,
+    ISOLATION_VAR,
+    LOCAL_RANK_VAR,
+    RANK_STACKS_SIGNAL,
+    STACKS_VAR,
+    stacks_file,
+    stacks_spec,
+)
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -53,10 +62,9 @@ def worker_vars(
     plan: Plan, slot: RankSlot, ctx: EnvContext, base: Mapping[str, str], error_file: str
 ) -> dict[str, str]:
     """The variables ddpboot sets for this worker (what `--dry-run` prints); the worker gets `base` plus these."""
-    local_rank = "0" if plan.isolation == "rank" else str(slot.local_rank)
     out = {
         "RANK": str(slot.rank),
-        "LOCAL_RANK": local_rank,
+        "LOCAL_RANK": str(plan.isolation.exported_local_rank(slot.local_rank)),
         "WORLD_SIZE": str(plan.world_size),
         "LOCAL_WORLD_SIZE": str(plan.local_world_size),
         "GROUP_RANK": str(plan.node_rank),
@@ -72,14 +80,14 @@ def worker_vars(
         # Every worker, rank 0 included, is a client of the store the launcher serves.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "TORCHELASTIC_ERROR_FILE": error_file,
+        ERROR_FILE_VAR: error_file,
         # The rank's share of the cores unless the user chose (torchrun: 1 for several workers).
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS") or str(max(slot.omp_threads, 1)),
         "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "DDPBOOT_LOCAL_RANK": str(slot.local_rank),
-        "DDPBOOT_GPU_UUIDS": ",".join(g.uuid for g in slot.gpus),
-        "DDPBOOT_ISOLATION": plan.isolation,
+        LOCAL_RANK_VAR: str(slot.local_rank),
+        GPU_UUIDS_VAR: ",".join(g.uuid for g in slot.gpus),
+        ISOLATION_VAR: plan.isolation.value,
         STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks_file(error_file))),
     }
     if ctx.signals:

@@ -70,7 +70,7 @@ class Plan:
     def gpus_hidden_by_isolation(self) -> tuple[int, int] | None:
         """(GPUs each rank sees, GPUs this node selected) when rank isolation shows each rank fewer GPUs than the
         node selected, so that `torch.cuda.device_count()` differs from torchrun's; None otherwise."""
-        if self.isolation != "rank" or not self.ranks:
+        if not self.isolation.own_gpus_only or not self.ranks:
             return None
         per_rank = len(self.ranks[0].gpus)
         selected = sum(len(slot.gpus) for slot in self.ranks)
@@ -338,17 +338,16 @@ def _layout(
 ) -> Plan:
     """The plan for these groups: each rank's CUDA_VISIBLE_DEVICES, device, cores and threads."""
     nlocal = len(groups)
-    everything = ",".join(u.uuid for g in groups for u in g)
+    everything = [u.uuid for g in groups for u in g]
     near = [tuple(c for u in g for c in u.cpu_affinity) for g in groups]
     cores, threads = rank_cores(req.cpu_affinity, near, allowed)
     slots = []
     for local, group in enumerate(groups):
         if not group:
             cvd, device = "", "cpu"
-        elif req.isolation == "rank":
-            cvd, device = ",".join(u.uuid for u in group), "cuda:0"
         else:
-            cvd, device = everything, f"cuda:{local * len(group)}"
+            cvd = req.isolation.visible_devices([u.uuid for u in group], everything)
+            device = f"cuda:{req.isolation.first_device(local, len(group))}"
         slots.append(RankSlot(req.node_rank * nlocal + local, local, group, cvd, device, cores[local], threads[local]))
     return Plan(
         ranks=tuple(slots),

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ddpboot.contract import ISOLATIONS, Isolation
+from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.selection.affinity import CpuAffinity, parse_cpu_affinity
 from ddpboot.selection.gpu_list import GpuList, parse_gpu_list
@@ -35,7 +35,7 @@ class Request:
     gpus: GpuList | None = None
     exclude: GpuList | None = None
     gpus_per_proc: int = 1
-    isolation: Isolation = "rank"
+    isolation: Isolation = Isolation.RANK
     cpu: bool = False
     max_used_memory: int = DEFAULT_MAX_USED_MEMORY
     max_util: int = DEFAULT_MAX_UTIL
@@ -61,12 +61,14 @@ def parse_nproc(value: str | None) -> int | NprocMode | None:
     raise UsageError(f"--nproc {value!r} is not a process count. Give a number, or gpu, auto or cpu.")
 
 
-def parse_isolation(value: str) -> Isolation:
-    """`--isolation`: one of contract.ISOLATIONS (any case)."""
-    for mode in ISOLATIONS:
-        if value.strip().lower() == mode:
-            return mode
-    raise UsageError(f"--isolation {value!r}: choose rank (one GPU set per worker) or node (all, as torchrun).")
+def parse_isolation(value: str | Isolation) -> Isolation:
+    """`--isolation`: a mode's name (any case)."""
+    if isinstance(value, Isolation):
+        return value
+    try:
+        return Isolation.parse(value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_counts(gpus_per_proc: int, nnodes: int, node_rank: int) -> None:
@@ -96,7 +98,7 @@ def parse_request(
     gpus: str | None = None,
     exclude: str | None = None,
     gpus_per_proc: int = 1,
-    isolation: str = "rank",
+    isolation: str | Isolation = Isolation.RANK,
     cpu: bool = False,
     max_used_memory: int = DEFAULT_MAX_USED_MEMORY,
     max_util: int = DEFAULT_MAX_UTIL,

@@ -27,10 +27,9 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.planner import Plan
+from ddpboot.smoke.checks import DRIVER_CHECKS
+from ddpboot.smoke.checks import RANK_CHECKS as CHECKS
 from ddpboot.units import format_size
-
-CHECKS = ("mapping", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "ddp", "bandwidth")
-DRIVER_CHECKS = ("isolation", "timing")
 
 
 @dataclass

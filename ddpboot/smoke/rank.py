@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-CHECKS = ("mapping", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "ddp", "bandwidth")
+from ddpboot.contract import GPU_UUIDS_VAR, ISOLATION_VAR, LOCAL_RANK_VAR, Isolation
+from ddpboot.smoke.checks import RANK_CHECKS as CHECKS
 
 
 class Skip(Exception):
@@ -69,7 +70,7 @@ class Suite:
     # --- checks: return (detail, figures); raise AssertionError to fail, Skip to skip --------------------
 
     def mapping(self) -> tuple[str, dict[str, Any]]:
-        expected = [u for u in os.environ.get("DDPBOOT_GPU_UUIDS", "").split(",") if u]
+        expected = [u for u in os.environ.get(GPU_UUIDS_VAR, "").split(",") if u]
         if not torch.cuda.is_available():
             if expected and os.environ.get("DDPBOOT_FAKE_GPUS"):
                 raise Skip(f"simulated GPUs ({len(expected)} planned); CUDA sees none on this machine")
@@ -205,12 +206,14 @@ def main() -> int:
     timeout = float(os.environ.get("DDPBOOT_SMOKE_TIMEOUT", "60"))
     rank = int(os.environ.get("RANK", "0"))
     rec = Recorder(out / f"rank{rank}.jsonl")
-    use_cuda = torch.cuda.is_available() and os.environ.get("DDPBOOT_GPU_UUIDS", "") != ""
+    use_cuda = torch.cuda.is_available() and os.environ.get(GPU_UUIDS_VAR, "") != ""
     backend = "nccl" if use_cuda else "gloo"
     rec.write(check="init", status="start", time=time.time())
     try:
         if use_cuda:
-            local = 0 if os.environ.get("DDPBOOT_ISOLATION", "rank") == "rank" else int(os.environ["LOCAL_RANK"])
+            isolation = Isolation.parse(os.environ.get(ISOLATION_VAR, Isolation.RANK.value), ISOLATION_VAR)
+            gpus = len(os.environ[GPU_UUIDS_VAR].split(","))
+            local = isolation.first_device(int(os.environ[LOCAL_RANK_VAR]), gpus)
             device = torch.device("cuda", local)
             torch.cuda.set_device(device)
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout), device_id=device)

@@ -98,7 +98,7 @@ def _check_unassigned_gpus(env: ClusterEnvironment, count: int, strict: bool) ->
     """Under rank isolation, the guard for visible GPUs the launcher did not assign to this rank."""
     assigned = env.assigned_gpus
     # MIG instances: torch reports no MIG-... UUID to compare with, so the check is left out.
-    if env.isolation != "rank" or not assigned or any_mig(assigned):
+    if env.isolation is None or not env.isolation.own_gpus_only or not assigned or any_mig(assigned):
         return
     extra = unassigned_gpus([cuda_uuid(i) for i in range(count)], assigned)
     if extra:

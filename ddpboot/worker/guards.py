@@ -59,7 +59,7 @@ def visible_devices_changed(cvd: str | None, assigned: Sequence[str]) -> str | N
 
 def check_visible_devices(env: ClusterEnvironment, strict: bool) -> None:
     """Under rank isolation, the guard for a CUDA_VISIBLE_DEVICES changed since launch (`visible_devices_changed`)."""
-    if env.isolation != "rank":
+    if env.isolation is None or not env.isolation.own_gpus_only:
         return
     changed = visible_devices_changed(os.environ.get("CUDA_VISIBLE_DEVICES"), env.assigned_gpus)
     if changed:

@@ -41,7 +41,7 @@ def test_without_isolation_it_is_not_ddpboot(torchrun_vars: TorchrunVars) -> Non
 
 
 def test_unknown_isolation_is_named(torchrun_vars: TorchrunVars) -> None:
-    with pytest.raises(WorkerEnvError, match="DDPBOOT_ISOLATION='gpu' is neither 'rank' nor 'node'"):
+    with pytest.raises(WorkerEnvError, match=r"DDPBOOT_ISOLATION='gpu': choose rank .* or node .*Fix: let the ddpboot"):
         detect_environment({**torchrun_vars(), "DDPBOOT_ISOLATION": "gpu"})
 
 

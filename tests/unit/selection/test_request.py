@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.contract import ISOLATIONS
+from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.selection.affinity import CoreLists
 from ddpboot.selection.gpu_list import BusId, GpuIndex, MigInstance, UuidPrefix
@@ -91,13 +91,25 @@ def test_nproc_refuses_everything_else(text: str) -> None:
 
 @pytest.mark.parametrize("text", ["rank", "node", " NODE ", "Rank"])
 def test_isolation(text: str) -> None:
-    assert parse_isolation(text) in ISOLATIONS and parse_isolation(text) == text.strip().lower()
+    mode = parse_isolation(text)
+    assert isinstance(mode, Isolation) and mode.value == text.strip().lower()
+
+
+def test_isolation_modes_carry_their_meaning() -> None:
+    own, node = ["GPU-a", "GPU-b"], ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+    assert Isolation.RANK.visible_devices(own, node) == "GPU-a,GPU-b"
+    assert Isolation.NODE.visible_devices(own, node) == "GPU-a,GPU-b,GPU-c,GPU-d"
+    assert [Isolation.RANK.first_device(r, 2) for r in range(2)] == [0, 0]
+    assert [Isolation.NODE.first_device(r, 2) for r in range(2)] == [0, 2]
+    assert (Isolation.RANK.exported_local_rank(3), Isolation.NODE.exported_local_rank(3)) == (0, 3)
+    assert str(Isolation.NODE) == "node" and Isolation.RANK == "rank"  # a str: JSON and f-strings show the name
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"isolation": "numa"}, "--isolation 'numa': choose rank (one GPU set per worker) or node (all, as torchrun)."),
+        ({"isolation": "numa"}, "--isolation 'numa': choose rank (each worker sees only its own GPUs) or node "
+         "(every worker sees all the node's GPUs, as under torchrun)."),
         ({"gpus_per_proc": 0}, "--gpus-per-proc 0: each process needs at least 1 GPU."),
         ({"nnodes": 0}, "--nnodes 0: at least 1 node."),
         ({"nnodes": 2, "node_rank": 2}, "--node-rank 2 is outside 0..1 (--nnodes 2)."),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ddpboot.contract import Isolation
 from ddpboot.launch.elastic.client import AgentError, Stopped
 from ddpboot.launch.elastic.driver import EXIT_BARRIER, run_elastic
 from ddpboot.launch.elastic.rounds import Round
@@ -153,7 +154,7 @@ def run_job(agent: FakeAgent, supervisors: Supervisors, tmp_path: Path, max_rest
             log_dir: bool = True) -> Job:
     spec = LaunchSpec(target=Target("script", "train.py"), python=sys.executable, run_id="cli-id")
     slots = tuple(RankSlot(rank=i, local_rank=i, gpus=(), cuda_visible_devices="", device="cpu") for i in range(2))
-    plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation="rank", backend="gloo")
+    plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation=Isolation.RANK, backend="gloo")
     nodes = elastic_setup(1, 2, ENDPOINT, "127.0.0.1")
     console = Messages()
 

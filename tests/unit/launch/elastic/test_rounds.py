@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ddpboot.contract import Isolation
 from ddpboot.launch.elastic.rounds import Round, round_plan
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -19,7 +20,7 @@ def test_a_round_from_the_agents_answer() -> None:
 def test_the_rounds_plan_keeps_the_nodes_gpus_with_the_rounds_ranks() -> None:
     slots = tuple(RankSlot(rank=i, local_rank=i, gpus=(), cuda_visible_devices=str(i), device="cuda:0")
                   for i in range(2))
-    plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation="rank", backend="nccl",
+    plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation=Isolation.RANK, backend="nccl",
                 cluster={"source": "elastic"})
     rnd = Round(7, 1, 3, 3, 7, "10.0.0.1", 29500, ((3, "a"), (2, "b"), (2, "c")))
     out = round_plan(plan, rnd)

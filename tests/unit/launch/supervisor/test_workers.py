@@ -6,6 +6,7 @@ import os
 import signal
 from pathlib import Path
 
+from ddpboot.contract import Isolation
 from ddpboot.launch.logs import Console
 from ddpboot.launch.options import Std
 from ddpboot.launch.spec import LaunchSpec, Routing, Target
@@ -19,7 +20,7 @@ KILLED_BY_SIGKILL = signal.SIGKILL
 def plan(n: int = 2) -> Plan:
     slots = tuple(RankSlot(rank=10 + i, local_rank=i, gpus=(), cuda_visible_devices="", device="cpu")
                   for i in range(n))
-    return Plan(ranks=slots, world_size=20, nnodes=2, node_rank=1, isolation="node", backend="gloo")
+    return Plan(ranks=slots, world_size=20, nnodes=2, node_rank=1, isolation=Isolation.NODE, backend="gloo")
 
 
 def setup(routing: Routing, with_files: bool = True) -> AttemptSetup:
