@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 class DdpbootError(Exception):
-    """A problem with what was asked (bad input, an impossible plan). Nothing has been started."""
+    """A problem the user can fix: bad input, an impossible plan, a program that cannot start, a rank's environment
+    that contradicts itself. The launcher raises it before anything starts, or kills what it started first (a rank
+    that cannot exec), and exits with `exit_code`; inside a rank the worker API raises its subclasses."""
 
     exit_code = 2
 

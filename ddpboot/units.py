@@ -55,3 +55,29 @@ def plural(n: int, word: str) -> str:
 def short_uuid(uuid: str, keep: int = 12) -> str:
     """A GPU UUID as tables and messages show it: `GPU-8754c7d0…` (the whole UUID is in --json and the logs)."""
     return uuid[:keep] + "…" if len(uuid) > keep else uuid
+
+
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]*)\s*$")
+
+
+def parse_duration(value: str | float, option: str, *, allow_zero: bool = True, allow_inf: bool = False) -> float:
+    """Seconds as people write them: `30`, `2.5`, `90s`, `10m`, `2h`, `1d`, and `inf` where `allow_inf` (wait
+    forever). Never negative (nor NaN); above zero unless `allow_zero`. The error names the option and the forms."""
+    text = str(value).strip().lower()
+    forms = "e.g. 30, 90s, 10m, 2h" + (" or inf" if allow_inf else "")
+    if text in ("inf", "infinity", "forever"):
+        if allow_inf:
+            return float("inf")
+        raise UsageError(f"{option} {value}: give a finite time ({forms}).")
+    m = _DURATION.match(text)
+    if not m or m.group(2) not in _DURATION_UNITS:
+        raise UsageError(f"{option} {value!r} is not a duration: give seconds, or a number with a unit s, m, h or d "
+                         f"({forms}).")
+    seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if seconds < 0:
+        raise UsageError(f"{option} {value}: give {'zero or more' if allow_zero else 'more than zero'} seconds "
+                         f"({forms}).")
+    if seconds == 0 and not allow_zero:
+        raise UsageError(f"{option} {value}: give more than zero seconds ({forms}).")
+    return seconds

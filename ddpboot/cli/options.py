@@ -1,46 +1,27 @@
-"""The selection options a job, `plan` and `smoke` share, and which options the user actually gave.
+"""The option groups the commands share, each declared once: the GPU selection (a job, `plan`, `smoke`, and a subset
+for `gpus`) and the node options (a job, `plan`, `smoke`). A command decorated with `with_options` receives each
+group as one raw object (`selection: SelectionOptions`, `nodes: NodeOptions`); launch/config.py turns them into a
+configuration, the same way for every command.
 
-Option values are read once, in the command function: an option left at its default is passed on as None where
-the default must not count as a choice (an explicit `--node-rank 0` overrides SLURM's node rank, the default 0 does
-not), so nothing below the command asks click which options were given.
+An option left at its default is passed on as None where the default must not count as a choice (an explicit
+`--node-rank 0` overrides SLURM's node rank, the default 0 does not), and a command that takes `from_env` learns
+which options came from their environment variable (PET_NNODES for --nnodes), so that an error can say so.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.models import ArgumentInfo
 
-from ddpboot.errors import UsageError
-from ddpboot.nodes.static import NodeSetup, parse_nnodes, resolve_nodes
-from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request, parse_request
-from ddpboot.units import parse_size
+from ddpboot.launch.config import NodeOptions, SelectionOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The selection options as given; nnodes and node_rank are None when not given (SLURM's, else one node)."""
-
-    nproc: str | None
-    gpus: str | None
-    exclude: str | None
-    gpus_per_proc: int
-    isolation: str
-    cpu: bool
-    max_used_memory: str
-    max_util: int
-    nnodes: str | None
-    node_rank: int | None
-    cpu_affinity: str
-    share: bool
-
 
 _SEL = "GPU selection"
 _NODES = "Multi-node"
@@ -133,7 +114,7 @@ SELECTION_PARAMS = [
     inspect.Parameter(
         "max_used_memory",
         inspect.Parameter.KEYWORD_ONLY,
-        default="256MiB",
+        default=SelectionOptions.max_used_memory,
         annotation=Annotated[
             str,
             typer.Option(
@@ -146,35 +127,13 @@ SELECTION_PARAMS = [
     inspect.Parameter(
         "max_util",
         inspect.Parameter.KEYWORD_ONLY,
-        default=DEFAULT_MAX_UTIL,
+        default=SelectionOptions.max_util,
         annotation=Annotated[
             int,
             typer.Option(
                 "--max-util",
                 help="A GPU busier than this utilization (percent) counts as busy for automatic selection.",
                 rich_help_panel=_SEL,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "nnodes",
-        inspect.Parameter.KEYWORD_ONLY,
-        default="1",
-        annotation=Annotated[
-            str,
-            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES,
-                         help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
-                         "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
-        ],
-    ),
-    inspect.Parameter(
-        "node_rank",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=0,
-        annotation=Annotated[
-            int,
-            typer.Option(
-                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES
             ),
         ],
     ),
@@ -196,6 +155,21 @@ SELECTION_PARAMS = [
         ],
     ),
     inspect.Parameter(
+        "oversubscribe",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            typer.Option(
+                "--oversubscribe",
+                envvar="DDPBOOT_OVERSUBSCRIBE",
+                help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file "
+                "limits (ulimit -u, ulimit -n) still apply.",
+                rich_help_panel=_SEL,
+            ),
+        ],
+    ),
+    inspect.Parameter(
         "share",
         inspect.Parameter.KEYWORD_ONLY,
         default=False,
@@ -209,80 +183,135 @@ SELECTION_PARAMS = [
         ],
     ),
 ]
-_SELECTION_NAMES = [p.name for p in SELECTION_PARAMS]
-_NONE_UNLESS_GIVEN = ("nnodes", "node_rank")
 
 
-def options_given(ctx: typer.Context) -> frozenset[str]:
-    """The options of the running command that came from the command line or their environment variable."""
-    given = set()
-    for name in ctx.params:
-        source = ctx.get_parameter_source(name)
-        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
-            given.add(name)
-    return frozenset(given)
+_NODE_HELP_MASTER_ADDR = (
+    "The store's address, given to workers as MASTER_ADDR. One node: default 127.0.0.1 (the store listens on "
+    "loopback only); another address of this machine makes it listen there. Several nodes: node 0's address."
+)
 
 
-def with_selection(fn: F) -> F:
-    """Add the selection options to a command; the command receives them as one `selection: Selection`. The click
-    context (which says which options were given) reaches the command too if it takes `ctx: typer.Context`."""
-    sig = inspect.signature(fn, eval_str=True)  # an explicit __signature__ is never evaluated later
-    own = [p for p in sig.parameters.values() if p.name != "selection"]
-    wants_ctx = "ctx" in sig.parameters
-    if not wants_ctx:
-        own.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+def _node_option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        given = options_given(kwargs["ctx"] if wants_ctx else kwargs.pop("ctx"))
-        values = {name: kwargs.pop(name) for name in _SELECTION_NAMES}
-        for name in _NONE_UNLESS_GIVEN:
-            if name not in given:
-                values[name] = None
-        return fn(*args, selection=Selection(**values), **kwargs)
 
-    # Arguments first, then the selection options (the ones most jobs set, so `--help` shows them first), then the
-    # command's own. Typer passes every value by keyword, so all options can be keyword-only.
-    kw = inspect.Parameter.KEYWORD_ONLY
-    arguments = [p.replace(kind=kw) for p in own if _is_argument(p)]
-    params = arguments + SELECTION_PARAMS + [p.replace(kind=kw) for p in own if not _is_argument(p)]
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper  # type: ignore[return-value]
+NODE_PARAMS = [
+    inspect.Parameter(
+        "nnodes",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            str | None,
+            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES,
+                         help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
+                         "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
+        ],
+    ),
+    inspect.Parameter(
+        "node_rank",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            int | None,
+            typer.Option(
+                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES
+            ),
+        ],
+    ),
+    _node_option("master_addr", Annotated[str | None, typer.Option(
+        "--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_NODES,
+        help=_NODE_HELP_MASTER_ADDR)], None),
+    _node_option("master_port", Annotated[int | None, typer.Option(
+        "--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_NODES,
+        help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no other process "
+        "can take it between choice and use; 29500 for several nodes. A port in use is an error.")], None),
+    _node_option("rdzv_backend", Annotated[str, typer.Option(
+        "--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_NODES,
+        help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). Otherwise "
+        "accepted (static or c10d); the workers' store is ddpboot's.")], NodeOptions.rdzv_backend),
+    _node_option("rdzv_endpoint", Annotated[str, typer.Option(
+        "--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_NODES,
+        help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d rendezvous there, hosted "
+        "by the launcher on HOST. Fixed node count: stands for --master-addr/--master-port. One node: HOST must be "
+        "this machine; PORT is used like --master-port.")], NodeOptions.rdzv_endpoint),
+    _node_option("standalone", Annotated[bool, typer.Option(
+        "--standalone", envvar="PET_STANDALONE", rich_help_panel=_NODES,
+        help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on loopback "
+        "(torchrun's listens on every interface).")], NodeOptions.standalone),
+    _node_option("local_addr", Annotated[str | None, typer.Option(
+        "--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_NODES,
+        help="This node's address for other nodes: where node group rank 0 serves the workers' store in an "
+        "elastic job (default: its address on the route to the rendezvous endpoint).")], None),
+]
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """Options declared once (`params`) that a command receives as one object, built by `make`."""
+
+    name: str  # the command's parameter that receives the object
+    params: Sequence[inspect.Parameter]
+    make: Callable[..., Any]
+
+
+SELECTION = OptionGroup("selection", SELECTION_PARAMS, SelectionOptions)
+NODES = OptionGroup("nodes", NODE_PARAMS, NodeOptions)
+
+
+def only(group: OptionGroup, *names: str) -> OptionGroup:
+    """The same group with only these options on the command (the others keep their defaults)."""
+    return OptionGroup(group.name, [p for p in group.params if p.name in names], group.make)
+
+
+def options_from_env(ctx: typer.Context) -> dict[str, str]:
+    """The options of the running command whose value came from their environment variable: option → variable."""
+    import os
+
+    out = {}
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if source is not None and source.name == "ENVIRONMENT" and param.opts:
+            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+            var = next((str(n) for n in names if n and os.environ.get(str(n)) is not None), None)
+            if var is not None:
+                out[str(param.opts[0])] = var
+    return out
+
+
+def with_options(*groups: OptionGroup) -> Callable[[F], F]:
+    """Add each group's options to a command, which receives them as one object per group. A command that takes
+    `from_env` receives options_from_env; one that takes `ctx: typer.Context` receives the click context."""
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)  # an explicit __signature__ is never evaluated later
+        names = {g.name for g in groups} | {"from_env"}
+        own = [p for p in sig.parameters.values() if p.name not in names]
+        wants_ctx, wants_env = "ctx" in sig.parameters, "from_env" in sig.parameters
+        if not wants_ctx:
+            own.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = kwargs["ctx"] if wants_ctx else kwargs.pop("ctx")
+            for group in groups:
+                kwargs[group.name] = group.make(**{p.name: kwargs.pop(p.name) for p in group.params})
+            if wants_env:
+                kwargs["from_env"] = options_from_env(ctx)
+            return fn(*args, **kwargs)
+
+        # Arguments first, then the groups' options (the ones most jobs set, so `--help` shows them first), then the
+        # command's own. Typer passes every value by keyword, so all options can be keyword-only.
+        kw = inspect.Parameter.KEYWORD_ONLY
+        arguments = [p.replace(kind=kw) for p in own if _is_argument(p)]
+        shared = [p for g in groups for p in g.params]
+        params = arguments + shared + [p.replace(kind=kw) for p in own if not _is_argument(p)]
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def _is_argument(param: inspect.Parameter) -> bool:
     """Whether a command parameter is a positional argument (typer.Argument), whose order on the line matters."""
     return any(isinstance(meta, ArgumentInfo) for meta in getattr(param.annotation, "__metadata__", ()))
-
-
-def flag_nodes(
-    sel: Selection, env: Mapping[str, str], master_addr: str | None = None, master_port: int | None = None
-) -> NodeSetup:
-    """Node count, node rank and store address for `plan` and `smoke`: flags (given ones only) > SLURM step > one
-    node. An elastic range has no fixed plan: parse_nnodes says so."""
-    nnodes = parse_nnodes(sel.nnodes) if sel.nnodes is not None else None
-    return resolve_nodes(env, nnodes, sel.node_rank, master_addr, master_port)
-
-
-def selection_request(sel: Selection, nodes: NodeSetup) -> Request:
-    """The Request for these options on this node."""
-    if sel.gpus is not None and not sel.gpus.strip():
-        raise UsageError("--gpus '': the list is empty, so it names no GPU. Name GPUs (--gpus 0,1), leave --gpus "
-                         "out to let ddpboot choose free ones, or use --cpu for CPU ranks.")
-    if not 0 <= sel.max_util <= 100:
-        raise UsageError(f"--max-util {sel.max_util}: give a percentage between 0 and 100.")
-    return parse_request(
-        nproc=sel.nproc,
-        gpus=sel.gpus,
-        exclude=sel.exclude,
-        gpus_per_proc=sel.gpus_per_proc,
-        isolation=sel.isolation.strip().lower(),
-        cpu=sel.cpu,
-        max_used_memory=parse_size(sel.max_used_memory, "--max-used-memory"),
-        max_util=sel.max_util,
-        nnodes=nodes.nnodes,
-        node_rank=nodes.node_rank,
-        cpu_affinity=sel.cpu_affinity,
-        share=sel.share,
-    )

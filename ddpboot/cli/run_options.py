@@ -6,15 +6,20 @@ PET_* environment defaults. The selection options shared with `plan` and `smoke`
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Annotated
 
 import typer
+
+from ddpboot.launch.config import DEFAULT_SIGNALS
 
 _PROG = "Job"
 _STORE = "Multi-node"
 _SUP = "Supervision"
 _OUT = "Logs"
 _TORCHRUN = "torchrun compatibility"
+
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -79,35 +84,6 @@ PreloadOption = Annotated[
                  help="With --fast-start: more modules to import once, before forking the ranks (mod1,mod2)."),
 ]
 
-MasterAddrOption = Annotated[
-    str | None,
-    typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_STORE,
-                 help="The store's address, given to workers as MASTER_ADDR. One node: default 127.0.0.1 (the "
-                 "store listens on loopback only); another address of this machine makes it listen there."),
-]
-
-MasterPortOption = Annotated[
-    int | None,
-    typer.Option("--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_STORE,
-                 help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no "
-                 "other process can take it between choice and use. A port in use is an error."),
-]
-
-RdzvBackendOption = Annotated[
-    str,
-    typer.Option("--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_STORE,
-                 help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). "
-                 "Otherwise accepted (static or c10d); the workers' store is ddpboot's."),
-]
-
-RdzvEndpointOption = Annotated[
-    str,
-    typer.Option("--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_STORE,
-                 help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d "
-                 "rendezvous there, hosted by the launcher on HOST. Fixed node count: stands for --master-addr/"
-                 "--master-port. One node: HOST must be this machine; PORT is used like --master-port."),
-]
-
 RdzvIdOption = Annotated[
     str | None,
     typer.Option("--rdzv-id", "--rdzv_id", envvar="PET_RDZV_ID", rich_help_panel=_STORE,
@@ -120,20 +96,6 @@ RdzvConfOption = Annotated[
     typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_TORCHRUN,
                  help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (every job with several nodes), "
                  "last_call_timeout, close_timeout and the others of torch's c10d rendezvous (elastic jobs)."),
-]
-
-StandaloneOption = Annotated[
-    bool,
-    typer.Option("--standalone", envvar="PET_STANDALONE", rich_help_panel=_TORCHRUN,
-                 help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on "
-                 "loopback (torchrun's listens on every interface)."),
-]
-
-LocalAddrOption = Annotated[
-    str | None,
-    typer.Option("--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_TORCHRUN,
-                 help="This node's address for other nodes: where node group rank 0 serves the workers' store "
-                 "in an elastic job (default: its address on the route to the rendezvous endpoint)."),
 ]
 
 StoreOption = Annotated[
@@ -161,23 +123,23 @@ MaxRestartsOption = Annotated[
 ]
 
 ShutdownTimeoutOption = Annotated[
-    float | None,
+    str | None,
     typer.Option("--shutdown-timeout", "--shutdown_timeout",
                  envvar=["PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"], rich_help_panel=_SUP,
-                 help="Seconds workers get to exit after SIGTERM before SIGKILL, when a rank fails and when the "
-                 "launcher is signalled. Default 30."),
+                 help="How long workers get to exit after SIGTERM before SIGKILL, when a rank fails and when the "
+                 "launcher is signalled: seconds, or with a unit (90s, 2m). Default 30."),
 ]
 
 StallTimeoutOption = Annotated[
-    float | None,
-    typer.Option("--stall-timeout", rich_help_panel=_SUP, metavar="SECONDS",
+    str | None,
+    typer.Option("--stall-timeout", rich_help_panel=_SUP, metavar="TIME",
                  help="Stop the job when no rank made progress for this long (no output, no rank exited, no rank "
-                 "busy on a CPU), after dumping every rank's stack into the log and the run directory. Default: "
-                 "never."),
+                 "busy on a CPU), after dumping every rank's stack into the log and the run directory: seconds, or "
+                 "with a unit (90s, 10m, 2h). Default: never."),
 ]
 
 MonitorIntervalOption = Annotated[
-    float,
+    str,
     typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",
                  rich_help_panel=_TORCHRUN,
                  help="ddpboot sees exits as they happen; this is only how often it re-checks that a stopped "
@@ -286,9 +248,59 @@ DuplicateStderrFiltersOption = Annotated[
     str | None, typer.Option("--duplicate-stderr-filters", "--duplicate_stderr_filters", hidden=True)
 ]
 
-OversubscribeOption = Annotated[
+REFUSED = {
+    "numa_binding": NumaBindingOption,
+    "logs_specs": LogsSpecsOption,
+    "event_log_handler": EventLogHandlerOption,
+    "duplicate_stdout_filters": DuplicateStdoutFiltersOption,
+    "duplicate_stderr_filters": DuplicateStderrFiltersOption,
+}
+"""torchrun's options ddpboot refuses by name, by RunOptions field (the refusal names the option as typed)."""
+
+JsonOption = Annotated[
     bool,
-    typer.Option("--oversubscribe", envvar="DDPBOOT_OVERSUBSCRIBE", rich_help_panel=_SUP,
-                 help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file "
-                 "limits (ulimit -u, ulimit -n) still apply."),
+    typer.Option("--json", rich_help_panel=_OUT,
+                 help="With --dry-run: print the dry run as one JSON object (the plan, the store, each worker's "
+                 "command and variables)."),
 ]
+
+
+
+def _param(name: str, annotation: object, default: object) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+RUN_PARAMS = [
+    _param("module", ModuleOption, False),
+    _param("no_python", NoPythonOption, False),
+    _param("run_path", RunPathOption, False),
+    _param("fast_start", FastStartOption, False),
+    _param("preload", PreloadOption, ""),
+    _param("rdzv_id", RdzvIdOption, None),
+    _param("rdzv_conf", RdzvConfOption, ""),
+    _param("store", StoreOption, "python"),
+    _param("store_allow", StoreAllowOption, None),
+    _param("max_restarts", MaxRestartsOption, 0),
+    _param("shutdown_timeout", ShutdownTimeoutOption, None),
+    _param("monitor_interval", MonitorIntervalOption, "0.1"),
+    _param("stall_timeout", StallTimeoutOption, None),
+    _param("signals_to_handle", SignalsToHandleOption, DEFAULT_SIGNALS),
+    _param("start_method", StartMethodOption, "spawn"),
+    _param("role", RoleOption, "default"),
+    _param("wait_for_gpus", WaitForGpusOption, None),
+    _param("log_dir", LogDirOption, None),
+    _param("log_mode", LogModeOption, "private"),
+    _param("redirects", RedirectsOption, None),
+    _param("tee", TeeOption, None),
+    _param("local_ranks_filter", LocalRanksFilterOption, None),
+    _param("ranks_filter", RanksFilterOption, None),
+    _param("no_prefix", NoPrefixOption, False),
+    _param("virtual_local_rank", VirtualLocalRankOption, False),
+    _param("dry_run", DryRunOption, False),
+    _param("as_json", JsonOption, False),
+    _param("version", VersionOption, False),
+    *(_param(name, annotation, None) for name, annotation in REFUSED.items()),
+]
+"""The run command's own options, named as RunOptions' fields (launch/config.py), in the order --help shows them
+within their panels."""
+

@@ -13,17 +13,17 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from ddpboot.cli.options import Selection, flag_nodes, selection_request, with_selection
+from ddpboot.cli.options import NODES, SELECTION, only, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_gpus, render_plan, render_smoke
 from ddpboot.errors import UsageError
-from ddpboot.launch.runner import preview_plan
+from ddpboot.launch import runner
+from ddpboot.launch.config import NodeOptions, Request, SelectionOptions, build_plan, parse_selection
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.gpu_list import resolve_list
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import current_holders, lock_dir
 from ddpboot.selection.planner import Plan, busy_reasons
-from ddpboot.selection.request import DEFAULT_MAX_UTIL, Request, parse_request
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import parse_size
 
@@ -55,11 +55,10 @@ def open_report(path: str, option: str) -> TextIO:
                          "directory you can write to.") from None
 
 
-def plan_for(sel: Selection, master_addr: str | None = None, master_port: int | None = None) -> Plan:
-    """The plan this node would run now, from the options and the environment."""
-    env = os.environ
-    nodes = flag_nodes(sel, env, master_addr, master_port)
-    return preview_plan(selection_request(sel, nodes), nodes, env)
+def plan_for(selection: SelectionOptions, nodes: NodeOptions, from_env: Mapping[str, str] | None = None) -> Plan:
+    """The plan this node would run now, from the options and the environment, through the same steps as a run's
+    (launch/config.py, then the runner's planning and checks)."""
+    return runner.plan_only(build_plan(selection, nodes, dict(os.environ), from_env=from_env))
 
 
 def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -106,50 +105,33 @@ tools = typer.Typer(
 
 @tools.command("plan", epilog=INDEX_RULES)
 @handle_errors
-@with_selection
+@with_options(SELECTION, NODES)
 def plan_cmd(
-    selection: Selection,
+    selection: SelectionOptions,
+    nodes: NodeOptions,
+    from_env: dict[str, str],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Add each GPU's full UUID and PCI bus id to the table.")] = False,
-    master_addr: Annotated[
-        str | None,
-        typer.Option("--master-addr", "--master_addr", envvar="PET_MASTER_ADDR",
-                     help="Node 0's address, for a multi-node plan (as `ddpboot --master-addr`)."),
-    ] = None,
-    master_port: Annotated[
-        int | None,
-        typer.Option("--master-port", "--master_port", envvar="PET_MASTER_PORT",
-                     help="The store's port, for a multi-node plan (as `ddpboot --master-port`)."),
-    ] = None,
 ) -> None:
     """Show which GPU each rank would get, and what cuda:0 means inside each worker. Starts nothing."""
-    plan = plan_for(selection, master_addr=master_addr, master_port=master_port)
+    plan = plan_for(selection, nodes, from_env)
     if as_json:
-        data = plan.to_json()
-        data.setdefault("cluster", plan.cluster)
-        print(json.dumps(data, indent=2))
+        print(json.dumps(runner.plan_json(plan), indent=2))
     else:
         render_plan(plan, wide)
 
 
 @tools.command("gpus", epilog=INDEX_RULES)
 @handle_errors
+@with_options(only(SELECTION, "exclude", "max_used_memory", "max_util"))
 def gpus_cmd(
+    selection: SelectionOptions,
     as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as one JSON object.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show full UUIDs (cut to 12 characters otherwise).")] = False,
-    exclude: Annotated[str | None, typer.Option("--exclude", help="Mark these GPUs excluded.")] = None,
-    max_used_memory: Annotated[
-        str, typer.Option("--max-used-memory", help="Busy above this memory in use.")
-    ] = "256MiB",
-    max_util: Annotated[
-        int, typer.Option("--max-util", help="Busy above this utilization (percent).")
-    ] = DEFAULT_MAX_UTIL,
 ) -> None:
     """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, excluded or not visible."""
     env = os.environ
-    req = parse_request(
-        exclude=exclude, max_used_memory=parse_size(max_used_memory, "--max-used-memory"), max_util=max_util
-    )
+    req = parse_selection(selection)
     inventory = load_inventory(env)
     records = gpu_states(inventory, req, env)
     if as_json:
@@ -160,9 +142,11 @@ def gpus_cmd(
 
 @tools.command("smoke", epilog=INDEX_RULES)
 @handle_errors
-@with_selection
+@with_options(SELECTION, NODES)
 def smoke_cmd(
-    selection: Selection,
+    selection: SelectionOptions,
+    nodes: NodeOptions,
+    from_env: dict[str, str],
     checks: Annotated[
         str | None,
         typer.Option("--checks", help="Run only these checks (comma list). Default: all. Names: "
@@ -188,7 +172,7 @@ def smoke_cmd(
     names = parse_checks(checks)
     if timeout <= 0:
         raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
-    plan = plan_for(selection)
+    plan = plan_for(selection, nodes, from_env)
     limit = parse_size(max_bytes, "--max-bytes")
     report_file = open_report(junit, "--junit-xml") if junit else None  # a bad path fails before the test runs
     report = run_smoke(plan, names, limit, timeout)

@@ -89,6 +89,15 @@ def in_srun_step(env: Mapping[str, str]) -> bool:
     return found is not None and found[1].isdecimal() and found[1].isascii() and int(found[1]) < _SPECIAL_STEP_IDS
 
 
+def slurm_step(env: Mapping[str, str]) -> str | None:
+    """`JOB.STEP` of the srun step this process runs in (SLURM_JOB_ID / SLURM_JOBID and SLURM_STEP_ID /
+    SLURM_STEPID), None outside a step: the same on every node of the step."""
+    job, step = first_set(env, _JOB_ID_VARS), first_set(env, _STEP_ID_VARS)
+    if job is None or step is None or not in_srun_step(env):
+        return None
+    return f"{job[1]}.{step[1]}"
+
+
 def slurm_main_address(env: Mapping[str, str]) -> str:
     """First host of the step's node list (node 0 of the step, where the rendezvous store runs).
 

@@ -1,148 +1,122 @@
-"""A launch as the command line asked for it: every option parsed and checked once, into typed values.
+"""A launch as the command line asked for it: the raw options (`RunOptions`, what the command line hands over) and
+the one place that turns them into a checked, frozen `LaunchConfig` (`build`). `ddpboot plan`, `smoke` and the
+pytest plugin go through the same steps for the part they share (`build_plan`), so that `plan`, `--dry-run` and a
+real run agree on the nodes, the request and what this machine can run.
 
-The run command (cli/run.py) builds one LaunchConfig before anything starts; the runner (launch/runner.py) plans,
-reserves and supervises from it, and turns it into the LaunchSpec the supervisor takes.
+`build` runs in this order, and every step that can fail because of what was asked raises a UsageError (exit 2,
+nothing started):
+
+1. torchrun options ddpboot refuses, by name, with what to use instead;
+2. what SCRIPT is (`-m`, `--no-python`, `--run-path`) and options that contradict each other;
+3. the values that need nothing else: store backend, signals, durations, restarts, start method, rendezvous
+   settings (`--rdzv-conf`, once), the preloads' syntax, the output options, `--wait-for-gpus`;
+4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
+   a DNS lookup of at most 5 s), the store's address and allow-list, the run id;
+5. the program: the interpreter (PYTHON_EXEC), the script, module or binary, the preloaded modules;
+6. the request for this node, and whether this machine can run that many ranks.
+
+A value that came from the environment (torchrun's PET_* variables, DDPBOOT_*) rather than the command line is
+named as such in the error. Nothing here starts a process, takes a lock or changes the signal mask: that is the
+runner's (launch/runner.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
-from ddpboot.launch.logs import LogMode, parse_log_mode
+from ddpboot.launch.faststart import supports as fast_start_supports
 from ddpboot.launch.options import (
-    Std,
-    StdSpec,
+    DEFAULT_SIGNALS,
+    check_log_dir,
+    check_preloads,
     check_rank_filter,
+    parse_preloads,
     parse_rank_list,
     parse_rdzv_conf,
+    parse_signals,
     parse_std,
+    parse_store_backend,
+    refuse_torchrun_options,
     resolve_std,
+    target_kind,
 )
-from ddpboot.launch.preflight import is_module_name
-from ddpboot.launch.spec import Routing, StoreBackend, Target, TargetKind
-from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
-from ddpboot.nodes.launcher import StoreAddress
+from ddpboot.launch.preflight import check_python, check_rank_count, check_target
+from ddpboot.launch.spec import LogMode, Routing, Std, StdSpec, StoreBackend, Target, parse_log_mode
+from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
+from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
 from ddpboot.nodes.static import NodeSetup
+from ddpboot.nodes.store_allow import parse_store_allow
 from ddpboot.selection.planner import Plan
-from ddpboot.selection.request import Request
+from ddpboot.selection.request import Request, SelectionOptions, parse_selection
+from ddpboot.selection.reserve import parse_wait
 from ddpboot.tcpstore.allow import AllowList
+from ddpboot.units import parse_duration
+
+__all__ = [
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "DEFAULT_SIGNALS",
+    "LaunchConfig",
+    "NodeOptions",
+    "OutputConfig",
+    "PlanConfig",
+    "Request",
+    "RunOptions",
+    "SelectionOptions",
+    "build",
+    "build_plan",
+    "parse_selection",
+]
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+START_METHODS = ("spawn", "fork", "forkserver")
 
 
-def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
-    """What SCRIPT is, from -m, --no-python and --run-path (--run-path wins over --no-python, as in torchrun)."""
-    if module and no_python:
-        raise UsageError("-m/--module and --no-python contradict each other: a module needs Python. Choose one.")
-    if run_path and module:
-        raise UsageError("--run-path runs a script file; with -m give the module without --run-path.")
-    if run_path:
-        return "run_path"
-    if module:
-        return "module"
-    return "binary" if no_python else "script"
+@dataclass(frozen=True)
+class RunOptions:
+    """The run command's options as typed: strings and flags, None where an option was not given. `from_env` maps
+    an option (`--nnodes`) to the environment variable its value came from (`PET_NNODES`)."""
 
-
-def check_torchrun_options(max_restarts: int, start_method: str, rdzv_conf: str, rdzv_backend: str) -> None:
-    """torchrun's options that ddpboot accepts: their values must be ones torchrun would take."""
-    if max_restarts < 0:
-        raise UsageError(f"--max-restarts {max_restarts}: give 0 (no restart) or more.")
-    if start_method not in ("spawn", "fork", "forkserver"):
-        raise UsageError(f"--start-method {start_method!r}: torchrun's choices are spawn, fork and forkserver.")
-    parse_rdzv_conf(rdzv_conf)
-    backend = rdzv_backend.strip().lower()
-    if backend in ("etcd", "etcd-v2"):
-        raise UsageError(
-            f"--rdzv-backend {rdzv_backend}: ddpboot has no etcd rendezvous and would not use it. A fixed node count "
-            "meets at ddpboot's store (--master-addr/--master-port, or --rdzv-backend static); an elastic "
-            "--nnodes MIN:MAX runs through torch's c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)."
-        )
-    if backend not in ("static", "c10d"):
-        raise UsageError(f"--rdzv-backend {rdzv_backend!r}: ddpboot takes static (the default) or c10d.")
-
-
-# torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).
-REFUSED_TORCHRUN_OPTIONS = {
-    "--numa-binding": "ddpboot does not bind ranks to NUMA nodes as torchrun does; it binds each rank to the CPU "
-    "cores near its GPU by default (--cpu-affinity auto). Drop --numa-binding, or choose cores with "
-    "--cpu-affinity LIST.",
-    "--logs-specs": "ddpboot has no LogsSpecs plugins; it writes each rank's output to --log-dir DIR "
-    "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
-    "--logs-specs.",
-    "--event-log-handler": "ddpboot has no event handler plugins; the launcher reports each failure on stderr. Drop "
-    "--event-log-handler.",
-    "--duplicate-stdout-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
-    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
-    "--duplicate-stdout-filters.",
-    "--duplicate-stderr-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
-    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
-    "--duplicate-stderr-filters.",
-}
-
-
-def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:
-    """An error naming the first refused torchrun option that was given (a value that is not None)."""
-    for option, value in given.items():
-        if value is not None:
-            raise UsageError(f"{option} {value}: {REFUSED_TORCHRUN_OPTIONS[option]}")
-
-
-def parse_store_backend(text: str) -> StoreBackend:
-    backend = text.strip().lower()
-    if backend == "python":
-        return "python"
-    if backend == "torch":
-        return "torch"
-    raise UsageError(f"--store {text!r}: choose python (ddpboot's store, the default) or torch.")
-
-
-def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:
-    """`--preload mod1,mod2`: module names, imported once by the fast-start process."""
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    if names and not fast_start:
-        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
-                         "--preload.")
-    bad = [m for m in names if not is_module_name(m)]
-    if bad:
-        raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
-                         "comma-separated: --preload numpy,transformers).")
-    return tuple(names)
-
-
-def check_preloads(names: Sequence[str], search: Sequence[str]) -> None:
-    """Each preloaded module's top-level package must be found on `search` (the script's directory, the working
-    directory and the interpreter's path) before anything starts: a typo is an error, not a silent fall back to
-    starting every rank with exec. Only the top level is looked up, so that nothing (torch above all) is imported."""
-    from importlib.machinery import PathFinder
-
-    missing = [m for m in names if PathFinder.find_spec(m.split(".")[0], list(search)) is None
-               and m.split(".")[0] not in sys.builtin_module_names]
-    if missing:
-        raise UsageError(
-            f"--preload {','.join(names)}: no module {', '.join(map(repr, missing))} is installed for this Python "
-            f"({sys.executable}) or found beside the script. Check the spelling, install it, or drop it from --preload."
-        )
-
-
-def check_log_dir(path: Path) -> None:
-    """--log-dir must be a directory or a path where one can be made: an existing file (or a file where a parent
-    directory should be) is named as such, rather than as the OS's "File exists" or "Not a directory"."""
-    for place in (path, *path.parents):
-        if place.exists() and not place.is_dir():
-            where = "is a file" if place == path else f"is inside {place}, which is a file"
-            raise UsageError(
-                f"--log-dir {path} {where}, not a directory. Give a directory (ddpboot creates it if missing), e.g. "
-                f"--log-dir {path.with_name(path.name + '-logs') if place == path else Path('logs')}."
-            )
-        if place.exists():
-            return
+    script: str
+    args: tuple[str, ...] = ()
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
+    nodes: NodeOptions = field(default_factory=NodeOptions)
+    module: bool = False
+    no_python: bool = False
+    run_path: bool = False
+    fast_start: bool = False
+    preload: str = ""
+    store: str = "python"
+    store_allow: str | None = None
+    max_restarts: int = 0
+    shutdown_timeout: str | float | None = None
+    monitor_interval: str | float = 0.1
+    stall_timeout: str | float | None = None
+    signals_to_handle: str = DEFAULT_SIGNALS
+    start_method: str = "spawn"
+    role: str = "default"
+    rdzv_id: str | None = None
+    rdzv_conf: str = ""
+    wait_for_gpus: str | None = None
+    log_dir: str | None = None
+    log_mode: str = LogMode.PRIVATE.value
+    redirects: str | None = None
+    tee: str | None = None
+    local_ranks_filter: str | None = None
+    ranks_filter: str | None = None
+    no_prefix: bool = False
+    virtual_local_rank: bool = False
+    dry_run: bool = False
+    refused: Mapping[str, str | None] = field(default_factory=dict)  # torchrun options ddpboot refuses, as given
+    from_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,8 +194,20 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """What `ddpboot plan` and `smoke` need, built by the same steps as a run's: the node setup, the store's
+    address and the request for this node, checked against what this machine can run."""
+
+    env: Mapping[str, str]
+    nodes: NodeSetup
+    store_address: StoreAddress
+    request: Request
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
-    """One launch, every option parsed and checked; nothing has been started when it exists."""
+    """One launch, every option parsed and checked; nothing has been started when it exists. Build it with
+    `build` (the command line, the pytest plugin's per-test launcher)."""
 
     target: Target
     python: str  # the interpreter for script, module and run_path targets (PYTHON_EXEC or the launcher's own)
@@ -230,6 +216,7 @@ class LaunchConfig:
     nodes: NodeSetup
     store_address: StoreAddress
     request: Request
+    run_id: str  # TORCHELASTIC_RUN_ID, the --log-dir folder and the elastic rendezvous id (nodes/launcher.py)
     store: StoreBackend = "python"
     store_allow: AllowList | None = None  # --store-allow: the addresses the store serves (None: all, or SLURM's)
     signals: tuple[signal.Signals, ...] = ()
@@ -238,8 +225,6 @@ class LaunchConfig:
     stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
     max_restarts: int = 0
     role: str = "default"
-    rdzv_id: str | None = None  # --rdzv-id as given; None or "none": a fresh run id (nodes/launcher.py)
-    rdzv_backend: str = "static"
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -247,8 +232,88 @@ class LaunchConfig:
     preloads: tuple[str, ...] = ()  # modules the fast-start process imports before forking the ranks
     wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
     dry_run: bool = False
+    notes: tuple[str, ...] = ()  # what the launcher says before it starts (a note each)
 
-    @property
-    def given_run_id(self) -> str | None:
-        """The run id --rdzv-id names, or None for a fresh one (torchrun's default id is the string `none`)."""
-        return self.rdzv_id if self.rdzv_id and self.rdzv_id != "none" else None
+
+def build_plan(
+    selection: SelectionOptions,
+    node_options: NodeOptions,
+    env: Mapping[str, str],
+    *,
+    max_restarts: int = 0,
+    ranks_filter: str | None = None,
+    from_env: Mapping[str, str] | None = None,
+) -> PlanConfig:
+    """Steps 4 and 6 of `build` (the module docstring): the node setup, the store's address, the request."""
+    with _named_sources(from_env or {}, env):
+        nodes = launcher_nodes(node_options, env, max_restarts, ranks_filter)
+        address = store_address(nodes, node_options)
+        request = parse_selection(selection, nodes.nnodes, nodes.node_rank)
+        if isinstance(request.nproc, int):
+            check_rank_count(request.nproc, selection.oversubscribe)
+        return PlanConfig(env, nodes, address, request)
+
+
+def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfig:
+    """The LaunchConfig for these options, in the order the module docstring gives."""
+    o = options
+    with _named_sources(o.from_env, env):
+        refuse_torchrun_options(o.refused)  # 1
+        kind = target_kind(o.module, o.no_python, o.run_path)  # 2
+        if o.virtual_local_rank and o.selection.isolation.strip().lower() == "node":
+            raise UsageError("--virtual-local-rank (LOCAL_RANK=0, one GPU per worker) contradicts --isolation node.")
+        backend = parse_store_backend(o.store)  # 3
+        signals = parse_signals(o.signals_to_handle)
+        shutdown = parse_duration(DEFAULT_SHUTDOWN_TIMEOUT if o.shutdown_timeout is None else o.shutdown_timeout,
+                                  "--shutdown-timeout")
+        monitor = parse_duration(o.monitor_interval, "--monitor-interval", allow_zero=False)
+        stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout",
+                                                                    allow_zero=False)
+        if o.max_restarts < 0:
+            raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
+        if o.start_method not in START_METHODS:
+            raise UsageError(f"--start-method {o.start_method!r}: torchrun's choices are spawn, fork and forkserver.")
+        conf = parse_rdzv_conf(o.rdzv_conf)
+        preloads = parse_preloads(o.preload, o.fast_start)
+        output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
+                                    not o.no_prefix, o.log_mode)
+        wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
+        planned = build_plan(o.selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
+                             ranks_filter=o.ranks_filter, from_env=o.from_env)
+        nodes = planned.nodes
+        allow = parse_store_allow(o.store_allow, nodes, backend)
+        python = check_python(env)  # 5
+        target = check_target(Target(kind, o.script, o.args), python, env, cwd)
+        if preloads and python == sys.executable:  # another interpreter has its own path: it checks at start
+            script_dir = str((cwd / o.script).parent) if kind == "script" else str(cwd)
+            check_preloads(preloads, [script_dir, str(cwd), *sys.path])
+        notes: list[str] = []
+        fast = o.fast_start and fast_start_supports(target)
+        if o.fast_start and not fast:
+            notes.append(f"--fast-start forks Python ranks; {o.script} is a program (--no-python), so every rank "
+                         "starts with exec as usual")
+        return LaunchConfig(
+            target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=planned.store_address,
+            request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,
+            signals=signals, shutdown_timeout=shutdown, monitor_interval=monitor, stall_timeout=stall,
+            max_restarts=o.max_restarts, role=o.role, rdzv_conf=conf, join_timeout=join_timeout(conf),
+            output=output, fast_start=fast, preloads=preloads, wait_for_gpus=wait,
+            dry_run=o.dry_run, notes=tuple(notes),
+        )
+
+
+@contextlib.contextmanager
+def _named_sources(from_env: Mapping[str, str], env: Mapping[str, str]) -> Iterator[None]:
+    """A UsageError about an option whose value came from the environment says so: a user who never typed
+    `--nnodes 2` learns that PET_NNODES=2 did."""
+    try:
+        yield
+    except UsageError as exc:
+        text = str(exc)
+        named = [f"{option} came from {var}={env.get(var, '')} in the environment"
+                 for option, var in from_env.items()
+                 if re.search(rf"(^|[\s(]){re.escape(option)}\b", text) and var not in text]
+        if named:
+            exc.args = (f"{text.rstrip()} (Not typed on the command line: {'; '.join(named)}. Unset it, or give the "
+                        "option explicitly.)",)
+        raise

@@ -21,7 +21,6 @@ keeps its mode: it may be a directory the user shares on purpose (a team's log d
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import json
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import LiveRegion, Throttle, blank, progress_interval, terminal_of
-from ddpboot.launch.options import Std
+from ddpboot.launch.spec import LogMode, Std
 
 MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
 TAIL_BYTES = 32 * 1024
@@ -149,37 +148,6 @@ class Console:
         """A line of the launcher's own (notes, the failure summary)."""
         self.end_open_line()
         self._out(stream, text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
-
-
-class LogMode(enum.Enum):
-    """Who may read a run's directories and log files (`--log-mode`); see the module docstring."""
-
-    PRIVATE = "private"  # directories 0700, files 0600: the job's owner only
-    SHARED = "shared"  # what the umask allows (0755 and 0644 under the usual umask 022)
-
-    @property
-    def dir_mode(self) -> int:
-        return 0o700 if self is LogMode.PRIVATE else 0o777
-
-    @property
-    def file_mode(self) -> int:
-        return 0o600 if self is LogMode.PRIVATE else 0o644
-
-    def make_dir(self, path: Path, exist_ok: bool = False) -> None:
-        """Create `path` with this mode (its parents as the umask allows; FileExistsError unless `exist_ok`)."""
-        path.mkdir(mode=self.dir_mode, parents=True, exist_ok=exist_ok)
-        if self is LogMode.PRIVATE:
-            os.chmod(path, self.dir_mode)  # exactly 0700, whatever the umask left
-
-
-def parse_log_mode(text: str) -> LogMode:
-    try:
-        return LogMode(text.strip().lower())
-    except ValueError:
-        raise UsageError(
-            f"--log-mode {text!r}: choose private (the run's logs readable by you only, the default) or shared "
-            "(readable as your umask allows)."
-        ) from None
 
 
 class LogFile:

@@ -8,21 +8,13 @@ from __future__ import annotations
 
 import re
 import signal
-from enum import IntFlag
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ddpboot.errors import UsageError
-
-
-class Std(IntFlag):
-    """Which of a worker's streams an option applies to (torchrun's values: 0 none, 1 out, 2 err, 3 both)."""
-
-    NONE = 0
-    OUT = 1
-    ERR = 2
-    ALL = 3
-
-
-StdSpec = Std | dict[int, Std]
+from ddpboot.launch.preflight import is_module_name
+from ddpboot.launch.spec import Std, StdSpec, StoreBackend, TargetKind
 
 _STD_HELP = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank as RANK:VALUE pairs (0:3,10:2)"
 
@@ -136,9 +128,91 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     return out
 
 
-def parse_duration(value: float, option: str, allow_zero: bool = True) -> float:
-    """Seconds given to an option: not negative (nor NaN), and above zero unless `allow_zero`."""
-    if value != value or value < 0 or (value == 0 and not allow_zero):
-        need = "zero or more" if allow_zero else "more than zero"
-        raise UsageError(f"{option} {value}: give {need} seconds.")
-    return float(value)
+def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
+    """What SCRIPT is, from -m, --no-python and --run-path (--run-path wins over --no-python, as in torchrun)."""
+    if module and no_python:
+        raise UsageError("-m/--module and --no-python contradict each other: a module needs Python. Choose one.")
+    if run_path and module:
+        raise UsageError("--run-path runs a script file; with -m give the module without --run-path.")
+    if run_path:
+        return "run_path"
+    if module:
+        return "module"
+    return "binary" if no_python else "script"
+
+
+# torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).
+REFUSED_TORCHRUN_OPTIONS = {
+    "--numa-binding": "ddpboot does not bind ranks to NUMA nodes as torchrun does; it binds each rank to the CPU "
+    "cores near its GPU by default (--cpu-affinity auto). Drop --numa-binding, or choose cores with "
+    "--cpu-affinity LIST.",
+    "--logs-specs": "ddpboot has no LogsSpecs plugins; it writes each rank's output to --log-dir DIR "
+    "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
+    "--logs-specs.",
+    "--event-log-handler": "ddpboot has no event handler plugins; the launcher reports each failure on stderr. Drop "
+    "--event-log-handler.",
+    "--duplicate-stdout-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
+    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
+    "--duplicate-stdout-filters.",
+    "--duplicate-stderr-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
+    "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
+    "--duplicate-stderr-filters.",
+}
+
+
+def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:
+    """An error naming the first refused torchrun option that was given (a value that is not None)."""
+    for option, value in given.items():
+        if value is not None:
+            raise UsageError(f"{option} {value}: {REFUSED_TORCHRUN_OPTIONS[option]}")
+
+
+def parse_store_backend(text: str) -> StoreBackend:
+    backend = text.strip().lower()
+    if backend == "python":
+        return "python"
+    if backend == "torch":
+        return "torch"
+    raise UsageError(f"--store {text!r}: choose python (ddpboot's store, the default) or torch.")
+
+
+def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:
+    """`--preload mod1,mod2`: module names, imported once by the fast-start process."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if names and not fast_start:
+        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
+                         "--preload.")
+    bad = [m for m in names if not is_module_name(m)]
+    if bad:
+        raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "
+                         "comma-separated: --preload numpy,transformers).")
+    return tuple(names)
+
+
+def check_preloads(names: Sequence[str], search: Sequence[str]) -> None:
+    """Each preloaded module's top-level package must be found on `search` (the script's directory, the working
+    directory and the interpreter's path) before anything starts: a typo is an error, not a silent fall back to
+    starting every rank with exec. Only the top level is looked up, so that nothing (torch above all) is imported."""
+    from importlib.machinery import PathFinder
+
+    missing = [m for m in names if PathFinder.find_spec(m.split(".")[0], list(search)) is None
+               and m.split(".")[0] not in sys.builtin_module_names]
+    if missing:
+        raise UsageError(
+            f"--preload {','.join(names)}: no module {', '.join(map(repr, missing))} is installed for this Python "
+            f"({sys.executable}) or found beside the script. Check the spelling, install it, or drop it from --preload."
+        )
+
+
+def check_log_dir(path: Path) -> None:
+    """--log-dir must be a directory or a path where one can be made: an existing file (or a file where a parent
+    directory should be) is named as such, rather than as the OS's "File exists" or "Not a directory"."""
+    for place in (path, *path.parents):
+        if place.exists() and not place.is_dir():
+            where = "is a file" if place == path else f"is inside {place}, which is a file"
+            raise UsageError(
+                f"--log-dir {path} {where}, not a directory. Give a directory (ddpboot creates it if missing), e.g. "
+                f"--log-dir {path.with_name(path.name + '-logs') if place == path else Path('logs')}."
+            )
+        if place.exists():
+            return

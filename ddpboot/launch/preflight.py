@@ -1,4 +1,5 @@
-"""Checks made before anything starts: the program exists and can run, the store's port can be bound.
+"""Checks made before anything starts: the program exists and can run, and this machine can hold the job (rank
+count, open files, listen queue).
 
 Each failure is a UsageError (exit 2, nothing started) naming what was asked, what exists and what to do. The
 module check finds the module the way `python -m` will, without importing it (importing a package's __init__ in
@@ -293,11 +294,11 @@ def check_rank_count(ranks: int, oversubscribe: bool) -> None:
         )
 
 
-def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1) -> None:
+def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1, apply: bool = True) -> None:
     """Make the soft RLIMIT_NOFILE hold open_files_needed(): raise it up to the hard limit without a word (the
-    store's server and the workers inherit it), or raise a UsageError with the numbers and what to raise when even
-    the hard limit is too low. `served_ranks`: the job's ranks on every node where this node serves the store,
-    else 0."""
+    store's server and the workers inherit it; only with `apply`: a plan or a dry run checks and changes nothing),
+    or raise a UsageError with the numbers and what to raise when even the hard limit is too low. `served_ranks`:
+    the job's ranks on every node where this node serves the store, else 0."""
     import resource
 
     needed = open_files_needed(local_ranks, served_ranks, nnodes)
@@ -305,7 +306,8 @@ def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1) -> N
     if soft == resource.RLIM_INFINITY or needed <= soft:
         return
     if hard == resource.RLIM_INFINITY or needed <= hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+        if apply:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
         return
     asked = f"--nproc {local_ranks}" + (f" on {nnodes} nodes" if nnodes > 1 else "")
     if served_ranks and needed > local_ranks * FDS_PER_RANK + FILES_MARGIN:

@@ -1,5 +1,7 @@
-"""Run a LaunchConfig: reserve the GPUs (plan and locks), bind the store's socket, make the run directory, start the
-fast-start process, then supervise the workers (or the rounds of an elastic job); the job's exit code.
+"""Run a LaunchConfig (built by launch/config.py): block the handled signals, reserve the GPUs (plan and locks), bind
+the store's socket, make the run directory, start the fast-start process, then supervise the workers (or the rounds
+of an elastic job); the job's exit code. `plan_only` and `dry_run` go through the same planning and checks and start
+nothing.
 
 Everything taken is let go on every path, in one ExitStack: locks, socket, temporary directory, fast-start process.
 Until the workers start, a stop signal ends the run with 128 + the signal's number and nothing left behind.
@@ -8,6 +10,7 @@ Until the workers start, a stop signal ends the run with 128 + the signal's numb
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,17 +18,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
-from ddpboot.launch.config import LaunchConfig
+from ddpboot.launch.config import LaunchConfig, PlanConfig
 from ddpboot.launch.logs import run_dir
-from ddpboot.launch.preflight import ensure_open_files, listen_queue
+from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
 from ddpboot.launch.source_checks import isolation_note
-from ddpboot.launch.spec import LaunchSpec
-from ddpboot.nodes.launcher import bind_node_store, new_run_id
+from ddpboot.launch.spec import LaunchSpec, RunDir, StoreBackend
+from ddpboot.launch.stacks.find import write_whole
+from ddpboot.nodes.launcher import bind_node_store
 from ddpboot.nodes.static import NodeSetup, cluster_info
 from ddpboot.nodes.store_allow import store_allow_list
 from ddpboot.selection.inventory import load_inventory
@@ -35,6 +39,10 @@ from ddpboot.selection.request import Request
 
 if TYPE_CHECKING:
     from ddpboot.launch.faststart import FastStartProcess
+
+
+PLAN_FILE = "plan.json"
+"""The plan a run got, as `ddpboot plan --json` prints it, in its run directory (DIR/RUN_ID with --log-dir)."""
 
 
 class StoppedBeforeStart(Exception):
@@ -101,44 +109,124 @@ def _with_nodes(plan: Plan, nodes: NodeSetup) -> Plan:
     return replace(plan, cluster=cluster_info(nodes), notes=plan.notes + nodes.notes)
 
 
+def check_capacity(nodes: NodeSetup, plan: Plan, store: StoreBackend, apply: bool) -> ListenQueue:
+    """What the planned ranks need of this machine, the same for `plan`, a dry run and a run: open files for this
+    node's ranks and, on node 0, for every rank's store connection (raised to the hard limit only with `apply`), and
+    how the store listens. An elastic job sizes its store per round (launch/elastic/driver.py)."""
+    if nodes.elastic:
+        return ListenQueue()
+    served = len(plan.ranks) * nodes.nnodes if nodes.node_rank == 0 else 0
+    ensure_open_files(len(plan.ranks), served, nodes.nnodes, apply=apply)
+    return listen_queue(served, nodes.nnodes, store)
+
+
+def plan_only(config: PlanConfig) -> Plan:
+    """`ddpboot plan`: the plan a run with these options would get now, refused where the run would refuse it."""
+    plan = preview_plan(config.request, config.nodes, config.env)
+    check_capacity(config.nodes, plan, "python", apply=False)
+    return plan
+
+
+def dry_run(config: LaunchConfig) -> tuple[Plan, LaunchSpec]:
+    """`--dry-run`: the plan and what the supervisor would run; every check of a run but the locks and the wait for
+    GPUs, and nothing started."""
+    plan = preview_plan(config.request, config.nodes, config.env)
+    check_capacity(config.nodes, plan, config.store, apply=False)
+    if config.store_address.port and config.nodes.node_rank == 0:  # a port in use is reported now, as the launch
+        bind_node_store(config.nodes, config.store_address).close()
+    return plan, launch_spec(config, plan)
+
+
+@dataclass(frozen=True)
+class DryRunWorker:
+    """What one rank would run: its command line, CPU affinity and the variables ddpboot sets for it."""
+
+    rank: int
+    local_rank: int
+    argv: list[str]
+    cpus: tuple[int, ...]
+    variables: dict[str, str]
+
+
+def dry_run_workers(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> list[DryRunWorker]:
+    """Each rank's command and variables as the first attempt would get them; the port and the error file's
+    directory, known only at launch, as placeholders."""
+    from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
+
+    port = spec.master_port or 0
+    ctx = EnvContext(spec.master_addr, port, spec.run_id, spec.role, 0, spec.max_restarts,
+                     ",".join(s.name for s in spec.signals))
+    out = []
+    for slot in plan.ranks:
+        own = worker_vars(plan, slot, ctx, env, f"<log dir>/attempt_0/rank{slot.rank}.error.json")
+        if not port:
+            own["MASTER_PORT"] = "<port bound at launch>"
+        out.append(DryRunWorker(slot.rank, slot.local_rank, worker_argv(spec.target, spec.python, slot.local_rank),
+                                tuple(slot.cpus), own))
+    return out
+
+
+def plan_json(plan: Plan) -> dict[str, object]:
+    """The plan as `ddpboot plan --json` prints it (docs/reference.md), the node setup included."""
+    data = plan.to_json()
+    data.setdefault("cluster", plan.cluster)
+    return data
+
+
+def dry_run_json(plan: Plan, spec: LaunchSpec, config: LaunchConfig) -> dict[str, object]:
+    """`--dry-run --json`: the plan (as `ddpboot plan --json`), the store, and each worker."""
+    return {
+        "plan": plan_json(plan),
+        "run_id": spec.run_id,
+        "store": {"backend": spec.store, "bind_addr": spec.bind_addr, "master_addr": spec.master_addr,
+                  "port": spec.master_port},
+        "notes": list(config.notes),
+        "workers": [{"rank": w.rank, "local_rank": w.local_rank, "argv": w.argv, "cpus": list(w.cpus),
+                     "env": w.variables} for w in dry_run_workers(plan, spec, config.env)],
+    }
+
+
 def launch_spec(config: LaunchConfig, plan: Plan) -> LaunchSpec:
     """What the supervisor runs for this plan; the rank filters and stream maps are checked against it here."""
     store = config.store_address
     return LaunchSpec(
         target=config.target,
         python=config.python,
-        run_id=config.given_run_id or new_run_id(config.nodes, config.env),
+        run_id=config.run_id,
         role=config.role,
         max_restarts=config.max_restarts,
         shutdown_timeout=config.shutdown_timeout,
         monitor_interval=config.monitor_interval,
+        stall_timeout=config.stall_timeout,
         routing=config.output.routing(plan),
         signals=config.signals,
         master_addr=store.master_addr,
         bind_addr=store.bind_addr,
         master_port=store.port,
         store=config.store,
+        store_allow=config.store_allow,
+        log_dir=config.output.log_dir,
+        log_mode=config.output.log_mode,
     )
 
 
-def check_store_port(config: LaunchConfig) -> None:
-    """A dry run reports a port in use now, as the launch would."""
-    if config.store_address.port and config.nodes.node_rank == 0:
-        bind_node_store(config.nodes, config.store_address).close()
-
-
-def run(config: LaunchConfig) -> int:
-    """Run the job; its exit code (the failing rank's, or 128 + a signal that stopped it before the start)."""
+def run(config: LaunchConfig, fast_start: FastStartProcess | None = None) -> int:
+    """Run the job; its exit code (the failing rank's, or 128 + a signal that stopped it before the start).
+    `fast_start`: a fast-start process that is already running (the pytest plugin's), used and left running;
+    otherwise `--fast-start` starts one for this run."""
+    block_early(config.signals)
     try:
-        return _run(config)
+        return _run(config, fast_start)
     except StoppedBeforeStart as stop:
         print(f"ddpboot: {stop}", file=sys.stderr)
         return stop.exit_code
 
 
-def _run(config: LaunchConfig) -> int:
+def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int:
     nodes, env = config.nodes, dict(config.env)
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:  # the one owner of everything the run takes, the GPU locks included
+        for note in config.notes:
+            say(f"note: {note}")
         plan, locks = _reserve(config)
         if locks is not None:
             stack.callback(locks.release)
@@ -149,21 +237,13 @@ def _run(config: LaunchConfig) -> int:
         if counted:
             say(f"note: {counted}")
         spec = launch_spec(config, plan)
-        log_dir = config.output.log_dir
-        if nodes.source == "elastic":  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
+        if nodes.elastic:  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
             from ddpboot.launch.elastic import run_elastic
 
-            fast_start = stack.enter_context(_fast_start(config, plan))
-            return run_elastic(spec, plan, env, nodes, locks=locks, rdzv_id=config.rdzv_id,
-                               rdzv_backend=config.rdzv_backend, rdzv_conf=dict(config.rdzv_conf),
-                               max_restarts=config.max_restarts, log_dir=str(log_dir) if log_dir else None,
-                               supervisor_kwargs={"fast_start": fast_start, "log_mode": config.output.log_mode,
-                                                  "stall_timeout": config.stall_timeout})
+            fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
+            return run_elastic(spec, plan, env, nodes, conf=config.rdzv_conf, fast_start=fast_start)
         stop_if_signalled()
-        # before the store listens: room for this node's ranks and, on node 0, every rank's store connection
-        served = len(plan.ranks) * nodes.nnodes if nodes.node_rank == 0 else 0
-        ensure_open_files(len(plan.ranks), served, nodes.nnodes)
-        queue = listen_queue(served, nodes.nnodes, config.store)
+        queue = check_capacity(nodes, plan, config.store, apply=True)  # before the store listens
         if queue.note is not None:
             say(f"note: {queue.note}")
         listener = bind_node_store(nodes, config.store_address, queue.sockets)
@@ -171,20 +251,26 @@ def _run(config: LaunchConfig) -> int:
         allow, allow_notes = store_allow_list(nodes, env, config.store_allow, config.store)
         for note in allow_notes:
             say(f"note: {note}")
-        if log_dir is not None:
-            workdir, temporary = run_dir(log_dir, spec.run_id, config.output.log_mode), False
-            say(f"logs in {workdir}")
-        else:  # mkdtemp makes it 0700 whatever --log-mode says: it holds the error files and exit marks only
-            workdir, temporary = Path(tempfile.mkdtemp(prefix="ddpboot-")), True
-            stack.callback(shutil.rmtree, workdir, True)
+        spec = replace(spec, store_allow=allow)
+        where = _run_dir(config, spec, stack)
+        write_whole(where.path / PLAN_FILE, json.dumps(plan_json(plan), indent=2) + "\n")  # the plan this run got
         from ddpboot.launch.supervisor import Supervisor
 
-        fast_start = stack.enter_context(_fast_start(config, plan))
-        supervisor = Supervisor(spec, plan, listener, env, workdir, temporary,
-                                before_start=_node_check(config, plan), fast_start=fast_start,
-                                log_mode=config.output.log_mode, store_allow=allow,
-                                stall_timeout=config.stall_timeout)
-        return supervisor.run()
+        fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
+        return Supervisor(spec, plan, listener, env, where, fast_start=fast_start,
+                          before_start=_node_check(config, plan)).run()
+
+
+def _run_dir(config: LaunchConfig, spec: LaunchSpec, stack: contextlib.ExitStack) -> RunDir:
+    """DIR/RUN_ID with --log-dir, else a temporary directory removed at the end (mkdtemp makes it 0700 whatever
+    --log-mode says: it holds the error files, exit marks and stack dumps only)."""
+    if spec.log_dir is not None:
+        where = RunDir(run_dir(spec.log_dir, spec.run_id, spec.log_mode), False)
+        say(f"logs in {where.path}")
+    else:
+        where = RunDir(Path(tempfile.mkdtemp(prefix="ddpboot-")), True)
+        stack.callback(shutil.rmtree, where.path, True)
+    return where
 
 
 def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
@@ -218,12 +304,14 @@ def _node_check(config: LaunchConfig, plan: Plan) -> Callable[[], None] | None:
 
 
 @contextlib.contextmanager
-def _fast_start(config: LaunchConfig, plan: Plan) -> Iterator[FastStartProcess | None]:
-    """With --fast-start, the fast-start process (importing while the launcher finishes starting), let go at the
-    end; else None. It imports torch with the ranks' OMP_NUM_THREADS when they share one value (libgomp and
-    OpenBLAS read it once, at import)."""
-    if not config.fast_start:
-        yield None
+def _fast_start(
+    config: LaunchConfig, plan: Plan, given: FastStartProcess | None = None
+) -> Iterator[FastStartProcess | None]:
+    """With --fast-start, the fast-start process (importing while the launcher finishes its own start-up), let go at
+    the end; `given`, one already running, which stays; else None. It imports torch with the ranks'
+    OMP_NUM_THREADS when they share one value (libgomp and OpenBLAS read it once, at import)."""
+    if given is not None or not config.fast_start:
+        yield given
         return
     from ddpboot.launch.faststart import FastStartProcess
 

@@ -1,18 +1,66 @@
-"""What to launch: the entry point, how output is routed, and how the job is supervised. Plain data.
-
-The CLI (cli/run.py) builds a LaunchSpec from options; the supervisor turns it and the Plan into processes.
-"""
+"""What to launch, as plain data: the entry point (Target), where output goes (Std, Routing), who may read the logs
+(LogMode), and what every attempt shares (LaunchSpec), with where a supervisor writes (RunDir) and what it watches
+(Watch). The runner (launch/runner.py) builds the LaunchSpec from the LaunchConfig and the plan; the supervisor
+turns it into processes."""
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum, IntFlag
+from pathlib import Path
 from typing import Literal
 
-from ddpboot.launch.options import Std
+from ddpboot.errors import UsageError
+from ddpboot.tcpstore.allow import AllowList
 
 TargetKind = Literal["script", "module", "binary", "run_path"]
 StoreBackend = Literal["python", "torch"]
+
+
+class LogMode(Enum):
+    """Who may read a run's directories and log files (`--log-mode`); see the module docstring."""
+
+    PRIVATE = "private"  # directories 0700, files 0600: the job's owner only
+    SHARED = "shared"  # what the umask allows (0755 and 0644 under the usual umask 022)
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o700 if self is LogMode.PRIVATE else 0o777
+
+    @property
+    def file_mode(self) -> int:
+        return 0o600 if self is LogMode.PRIVATE else 0o644
+
+    def make_dir(self, path: Path, exist_ok: bool = False) -> None:
+        """Create `path` with this mode (its parents as the umask allows; FileExistsError unless `exist_ok`)."""
+        path.mkdir(mode=self.dir_mode, parents=True, exist_ok=exist_ok)
+        if self is LogMode.PRIVATE:
+            os.chmod(path, self.dir_mode)  # exactly 0700, whatever the umask left
+
+
+def parse_log_mode(text: str) -> LogMode:
+    try:
+        return LogMode(text.strip().lower())
+    except ValueError:
+        raise UsageError(
+            f"--log-mode {text!r}: choose private (the run's logs readable by you only, the default) or shared "
+            "(readable as your umask allows)."
+        ) from None
+
+
+class Std(IntFlag):
+    """Which of a worker's streams an option applies to (torchrun's values: 0 none, 1 out, 2 err, 3 both)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = 3
+
+
+StdSpec = Std | dict[int, Std]
 
 
 @dataclass(frozen=True)
@@ -43,6 +91,9 @@ class Routing:
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """What the supervisor runs, the same for every attempt (and every elastic round but for the store's address):
+    built by the runner from the LaunchConfig and the plan (`runner.launch_spec`)."""
+
     target: Target
     python: str  # the interpreter for script, module and run_path targets (PYTHON_EXEC or the launcher's own)
     run_id: str
@@ -50,9 +101,31 @@ class LaunchSpec:
     max_restarts: int = 0
     shutdown_timeout: float = 30.0
     monitor_interval: float = 0.1
+    stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
     routing: Routing = field(default_factory=Routing)
     signals: tuple[signal.Signals, ...] = ()
     master_addr: str = "127.0.0.1"  # what workers get as MASTER_ADDR
     bind_addr: str = "127.0.0.1"  # where the store listens
     master_port: int | None = None  # None: any free port (bound by the launcher, so no race)
     store: StoreBackend = "python"
+    store_allow: AllowList | None = None  # the addresses the store serves (None: every address; tcpstore/allow.py)
+    log_dir: Path | None = None  # --log-dir: the job's logs under DIR/RUN_ID; None: a temporary directory
+    log_mode: LogMode = LogMode.PRIVATE  # who may read the run directory and its files
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where one supervisor's attempts write: the run's log directory, or a temporary one (error files, exit marks
+    and stack dumps only) that is removed at the end."""
+
+    path: Path
+    temporary: bool
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Asked every `interval` seconds while the workers run: a reason (not None) stops the attempt, which is
+    recorded as a restart reason (an elastic job's membership change)."""
+
+    check: Callable[[], str | None]
+    interval: float = 1.0

@@ -11,7 +11,14 @@ import ipaddress
 import socket
 
 from ddpboot.errors import UsageError
-from ddpboot.nodes.static import DEFAULT_RDZV_PORT, NodeSetup, check_resolvable, elastic_setup, parse_endpoint
+from ddpboot.nodes.static import (
+    DEFAULT_RDZV_PORT,
+    NodeSetup,
+    RdzvBackend,
+    check_resolvable,
+    elastic_setup,
+    parse_endpoint,
+)
 from ddpboot.tcpstore.address import bind_store_socket, is_loopback
 
 
@@ -22,7 +29,7 @@ def elastic_nodes(
     endpoint: str,
     *,
     standalone: bool = False,
-    rdzv_backend: str = "c10d",
+    rdzv_backend: RdzvBackend = "c10d",
     ranks_filter: str | None = None,
     local_addr: str | None = None,
     ignored_options: tuple[str, ...] = (),
@@ -33,8 +40,7 @@ def elastic_nodes(
     numbers the nodes and chooses the store's address); they are reported in a note."""
     if standalone:
         raise UsageError(f"--standalone is a one-node job and --nnodes {text} an elastic range; drop one of them.")
-    backend = rdzv_backend.strip().lower()
-    problems = ([f"--rdzv-backend is {backend}"] if backend != "c10d" else []) + (
+    problems = ([f"--rdzv-backend is {rdzv_backend}"] if rdzv_backend != "c10d" else []) + (
         ["--rdzv-endpoint is missing"] if not endpoint.strip() else [])
     if problems:
         raise UsageError(

@@ -12,11 +12,21 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
-from ddpboot.contract import is_tcp_port
+from ddpboot.cluster.slurm import in_srun_step, slurm_node_info, slurm_step
 from ddpboot.errors import UsageError
 from ddpboot.nodes.elastic import default_run_id, elastic_nodes
-from ddpboot.nodes.static import LOOPBACK, NodeSetup, check_resolvable, parse_endpoint, parse_node_range, resolve_nodes
+from ddpboot.nodes.static import (
+    LOOPBACK,
+    NodeSetup,
+    NodeSource,
+    RdzvBackend,
+    check_port,
+    check_resolvable,
+    parse_endpoint,
+    parse_node_range,
+    parse_rdzv_backend,
+    resolve_nodes,
+)
 from ddpboot.tcpstore.address import bind_store_socket, is_loopback
 
 SEVERAL_NODES_HINT = (
@@ -34,7 +44,7 @@ class NodeOptions:
     master_addr: str | None = None
     master_port: int | None = None
     rdzv_endpoint: str = ""
-    rdzv_backend: str = "static"
+    rdzv_backend: str = "static"  # as typed; parse_rdzv_backend reads it, once
     standalone: bool = False
     local_addr: str | None = None
 
@@ -57,11 +67,12 @@ def launcher_nodes(
     c10d rendezvous (launch/elastic/), which decides the node rank at each round."""
     text = "1" if options.nnodes is None else options.nnodes
     low, high = parse_node_range(text)
-    if low != high or _rendezvous_numbers_nodes(options, low, env):
+    backend = parse_rdzv_backend(options.rdzv_backend)
+    if low != high or _rendezvous_numbers_nodes(options, backend, low, env):
         unused = {"--node-rank": options.node_rank, "--master-addr": options.master_addr,
                   "--master-port": options.master_port}
         return elastic_nodes(text.strip(), low, high, options.rdzv_endpoint, standalone=options.standalone,
-                             rdzv_backend=options.rdzv_backend, ranks_filter=ranks_filter,
+                             rdzv_backend=backend, ranks_filter=ranks_filter,
                              local_addr=options.local_addr,
                              ignored_options=tuple(flag for flag, value in unused.items() if value is not None))
     if options.standalone:
@@ -76,16 +87,15 @@ def launcher_nodes(
             "round, which static multi-node jobs do not have yet. Drop --max-restarts (under SLURM, requeue the job: "
             "scripts/slurm/requeue.sbatch), or restart on one node."
         )
-    check_resolvable(nodes.master_addr, timeout=5.0,
-                     option="MASTER_ADDR" if nodes.source == "kubernetes" else "--master-addr")
+    check_resolvable(nodes.master_addr, timeout=5.0, option=nodes.master_addr_option)
     return nodes
 
 
-def _rendezvous_numbers_nodes(options: NodeOptions, count: int, env: Mapping[str, str]) -> bool:
+def _rendezvous_numbers_nodes(options: NodeOptions, backend: RdzvBackend, count: int, env: Mapping[str, str]) -> bool:
     """A fixed node count through c10d without a node rank (torchrun's `--nnodes N --rdzv-backend c10d`): the
     rendezvous numbers the nodes, as for the range N:N. With --node-rank or --master-addr, or inside a SLURM step
     (which numbers the nodes), the endpoint stands for node 0's store address instead."""
-    return (count > 1 and options.rdzv_backend.strip().lower() == "c10d" and bool(options.rdzv_endpoint)
+    return (count > 1 and backend == "c10d" and bool(options.rdzv_endpoint)
             and options.node_rank is None and options.master_addr is None and not in_srun_step(env))
 
 
@@ -118,8 +128,8 @@ def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
         addr = nodes.master_addr
         return StoreAddress(addr, LOOPBACK if is_loopback(addr) else addr, nodes.master_port)
     port = options.master_port
-    if port is not None and not is_tcp_port(port):
-        raise UsageError(f"--master-port {port} is not a TCP port (1-65535).")
+    if port is not None:
+        check_port(port, "--master-port")
     endpoint = options.rdzv_endpoint
     if endpoint and not options.standalone:
         host, endpoint_port = parse_endpoint(endpoint)
@@ -153,14 +163,18 @@ def bind_node_store(nodes: NodeSetup, store: StoreAddress, listeners: int = 1) -
         ) from None
 
 
-def new_run_id(nodes: NodeSetup, env: Mapping[str, str]) -> str:
-    """A fresh id for one node. On several nodes every launcher must give its workers the same
-    TORCHELASTIC_RUN_ID without talking first: the SLURM job and step ids, else the store's address."""
-    if nodes.source == "elastic" and nodes.rdzv_endpoint:
+def job_run_id(given: str | None, nodes: NodeSetup, env: Mapping[str, str]) -> str:
+    """The job's run id (TORCHELASTIC_RUN_ID, the --log-dir folder, the elastic rendezvous id): --rdzv-id as given
+    (torchrun's default id, the string `none`, counts as not given), else a fresh one. A fresh id for one node is
+    unique; on several nodes every launcher must give its workers the same id without talking first: the
+    rendezvous endpoint (elastic), the SLURM job and step ids, else the store's address."""
+    if given and given != "none":
+        return given
+    if nodes.elastic and nodes.rdzv_endpoint:
         return default_run_id(nodes.rdzv_endpoint)
     if nodes.nnodes > 1:
-        job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
-        if nodes.source == "slurm" and job and step:
-            return f"slurm-{job}.{step}"
+        step = slurm_step(env) if nodes.source is NodeSource.SLURM else None
+        if step is not None:
+            return f"slurm-{step}"
         return f"nodes-{nodes.master_addr}-{nodes.master_port}"
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]

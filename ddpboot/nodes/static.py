@@ -18,6 +18,8 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
 
 from ddpboot.cluster.kubernetes import pytorchjob_master
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
@@ -30,13 +32,53 @@ DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint g
 LOOPBACK = "127.0.0.1"
 
 
+class NodeSource(str, Enum):
+    """Where a launcher's node setup came from (`ddpboot plan` prints it; JSON shows the value)."""
+
+    SINGLE = "single"  # one node, store on loopback
+    FLAGS = "flags"  # --nnodes/--node-rank/--master-addr (or their PET_* variables)
+    SLURM = "slurm"  # a srun step, one launcher per node
+    KUBERNETES = "kubernetes"  # a Kubeflow PyTorchJob pod's MASTER_ADDR / MASTER_PORT
+    ELASTIC = "elastic"  # --nnodes MIN:MAX through torch's c10d rendezvous
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RdzvBackend = Literal["static", "c10d"]
+"""torchrun's --rdzv-backend values ddpboot runs: `static` (ddpboot's store) and `c10d` (torch's rendezvous)."""
+
+
+def parse_rdzv_backend(text: str) -> RdzvBackend:
+    """--rdzv-backend as typed (any case); etcd is refused by name, with what to use instead."""
+    backend = text.strip().lower()
+    if backend == "static":
+        return "static"
+    if backend == "c10d":
+        return "c10d"
+    if backend in ("etcd", "etcd-v2"):
+        raise UsageError(
+            f"--rdzv-backend {text}: ddpboot has no etcd rendezvous and would not use it. A fixed node count meets at "
+            "ddpboot's store (--master-addr/--master-port, or --rdzv-backend static); an elastic --nnodes MIN:MAX "
+            "runs through torch's c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)."
+        )
+    raise UsageError(f"--rdzv-backend {text!r}: ddpboot takes static (the default) or c10d.")
+
+
+def check_port(port: int, option: str) -> int:
+    """`port` if peers can connect to it (1-65535); a UsageError naming `option` otherwise."""
+    if not is_tcp_port(port):
+        raise UsageError(f"{option} {port} is not a TCP port (1-65535).")
+    return port
+
+
 @dataclass(frozen=True)
 class NodeSetup:
     nnodes: int
     node_rank: int
     master_addr: str
     master_port: int | None  # None: one node, the launcher binds a free loopback port itself
-    source: str  # "single", "flags", "slurm", "kubernetes" (a PyTorchJob pod's MASTER_ADDR), "elastic"
+    source: NodeSource
     notes: tuple[str, ...] = ()
     # Elastic jobs only: the node range and torch's c10d rendezvous endpoint (HOST:PORT). nnodes is then MAX and
     # node_rank 0: a placeholder plan until a rendezvous round says which node this is.
@@ -44,10 +86,20 @@ class NodeSetup:
     max_nodes: int | None = None
     rdzv_endpoint: str | None = None
 
+    @property
+    def elastic(self) -> bool:
+        """An elastic range: torch's c10d rendezvous decides node rank and node count at each round."""
+        return self.source is NodeSource.ELASTIC
+
+    @property
+    def master_addr_option(self) -> str:
+        """What named node 0's address, for messages: a PyTorchJob pod's MASTER_ADDR, else --master-addr."""
+        return "MASTER_ADDR" if self.source is NodeSource.KUBERNETES else "--master-addr"
+
     def describe(self) -> str:
-        if self.source == "single":
+        if self.source is NodeSource.SINGLE:
             return "one node, store on loopback"
-        if self.source == "elastic":
+        if self.elastic:
             return (f"elastic: {self.min_nodes} to {self.max_nodes} nodes through the c10d rendezvous at "
                     f"{self.rdzv_endpoint}; this node's store address {self.master_addr}")
         return (f"{self.source}: node {self.node_rank} of {self.nnodes}, store at "
@@ -65,8 +117,8 @@ def resolve_nodes(
     notes: list[str] = []
     if nnodes is not None and nnodes < 1:
         raise UsageError(f"--nnodes {nnodes}: a job has at least 1 node.")
-    if master_port is not None and not is_tcp_port(master_port):
-        raise UsageError(f"--master-port {master_port} is not a TCP port (1-65535).")
+    if master_port is not None:
+        check_port(master_port, "--master-port")
     slurm = None
     if in_srun_step(env) and (nnodes is None or nnodes > 1):
         slurm = slurm_node_info(env)
@@ -83,7 +135,7 @@ def resolve_nodes(
     if not 0 <= r < n:
         raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {plural(n, 'node')}.")
     if n == 1:
-        return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, "single", tuple(notes))
+        return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, NodeSource.SINGLE, tuple(notes))
     pod = None if master_addr or slurm else pytorchjob_master(env)
     if pod is not None:  # a Kubeflow PyTorchJob pod names node 0 only as MASTER_ADDR / MASTER_PORT
         master_addr, master_port = pod.addr, master_port or pod.port
@@ -95,7 +147,8 @@ def resolve_nodes(
             "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
         )
     port = master_port or (slurm.master_port if slurm else DEFAULT_MASTER_PORT)
-    source = "slurm" if slurm and (nnodes is None or node_rank is None) else ("kubernetes" if pod else "flags")
+    source = (NodeSource.SLURM if slurm and (nnodes is None or node_rank is None)
+              else NodeSource.KUBERNETES if pod else NodeSource.FLAGS)
     return NodeSetup(n, r, addr, port, source, tuple(notes))
 
 
@@ -158,17 +211,17 @@ def elastic_setup(
     min_nodes: int, max_nodes: int, endpoint: str, store_addr: str, notes: tuple[str, ...] = ()
 ) -> NodeSetup:
     """An elastic range: planned as node 0 of MAX nodes until a rendezvous round gives the real values."""
-    return NodeSetup(max_nodes, 0, store_addr, None, "elastic", notes, min_nodes, max_nodes, endpoint)
+    return NodeSetup(max_nodes, 0, store_addr, None, NodeSource.ELASTIC, notes, min_nodes, max_nodes, endpoint)
 
 
 def cluster_info(setup: NodeSetup) -> dict[str, object]:
     """What `ddpboot plan` shows (and prints in its JSON as `cluster`) about where the node setup came from."""
-    info: dict[str, object] = {"source": setup.source, "nnodes": setup.nnodes, "node_rank": setup.node_rank,
+    info: dict[str, object] = {"source": setup.source.value, "nnodes": setup.nnodes, "node_rank": setup.node_rank,
                                "description": setup.describe()}
-    if setup.source == "elastic":
+    if setup.elastic:
         info.update(min_nodes=setup.min_nodes, max_nodes=setup.max_nodes, rdzv_endpoint=setup.rdzv_endpoint,
                     store_addr=setup.master_addr)
-    elif setup.source != "single":
+    elif setup.source is not NodeSource.SINGLE:
         info["master_addr"] = setup.master_addr
         info["master_port"] = setup.master_port
     if setup.notes:
@@ -183,6 +236,6 @@ def parse_endpoint(text: str, option: str = "--rdzv-endpoint") -> tuple[str, int
     if not m:
         raise UsageError(f"{option} {text!r} is not HOST:PORT.")
     port = int(m.group(2)) if m.group(2) else None
-    if port is not None and port != 0 and not is_tcp_port(port):  # 0 is left to the caller (no port)
-        raise UsageError(f"{option} {text!r}: {port} is not a TCP port.")
+    if port:  # 0 is left to the caller (no port)
+        check_port(port, f"{option} {text!r}: port")
     return m.group(1), port

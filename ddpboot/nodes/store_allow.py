@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from ddpboot.cluster.slurm import slurm_main_address, slurm_node_list
 from ddpboot.errors import DdpbootError, UsageError
-from ddpboot.nodes.static import NodeSetup
+from ddpboot.nodes.static import NodeSetup, NodeSource
 from ddpboot.tcpstore.allow import AllowList, hosts_allow_list, parse_allow_list, resolve_host
 
 
@@ -25,7 +25,7 @@ def parse_store_allow(text: str | None, nodes: NodeSetup, backend: str) -> Allow
     """`--store-allow` as given (None or empty: not given), refused where the store cannot apply it."""
     if not text or not text.strip():
         return None
-    if nodes.source == "elastic":
+    if nodes.elastic:
         raise UsageError(
             f"--store-allow {text}: an elastic job (--nnodes MIN:MAX) meets through torch's c10d rendezvous store, "
             "which serves every host and cannot check addresses. Drop --store-allow, or run a fixed node count "
@@ -41,7 +41,7 @@ def parse_store_allow(text: str | None, nodes: NodeSetup, backend: str) -> Allow
 
 def slurm_job_hosts(nodes: NodeSetup, env: Mapping[str, str]) -> list[str] | None:
     """The step's host names when node 0's store address is SLURM's own choice (its first node); else None."""
-    if nodes.source != "slurm" or nodes.nnodes < 2:
+    if nodes.source is not NodeSource.SLURM or nodes.nnodes < 2:
         return None
     try:
         if slurm_main_address(env) != nodes.master_addr:  # --master-addr chose another address: routes unknown

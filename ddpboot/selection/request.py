@@ -15,6 +15,7 @@ from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.selection.affinity import CpuAffinity, parse_cpu_affinity
 from ddpboot.selection.gpu_list import GpuList, parse_gpu_list
+from ddpboot.units import parse_size
 
 MIB = 1024**2
 DEFAULT_MAX_USED_MEMORY = 256 * MIB
@@ -127,4 +128,46 @@ def parse_request(
         node_rank=node_rank,
         cpu_affinity=parse_cpu_affinity(cpu_affinity),
         share=share,
+    )
+
+
+@dataclass(frozen=True)
+class SelectionOptions:
+    """The GPU-selection options as typed (strings and flags, the command line's defaults): one declaration that
+    the command line, `plan`, `gpus`, `smoke` and the pytest plugin fill in, and `parse_selection` turns into a
+    Request. Node count and node rank are not here: they come from the node setup (nodes/launcher.py)."""
+
+    nproc: str | None = None
+    gpus: str | None = None
+    exclude: str | None = None
+    gpus_per_proc: int = 1
+    isolation: str = Isolation.RANK.value
+    cpu: bool = False
+    max_used_memory: str = "256MiB"
+    max_util: int = DEFAULT_MAX_UTIL
+    cpu_affinity: str = "auto"
+    share: bool = False
+    oversubscribe: bool = False  # more ranks than RANKS_PER_CORE per core (launch/preflight.py checks the count)
+
+
+def parse_selection(options: SelectionOptions, nnodes: int = 1, node_rank: int = 0) -> Request:
+    """The Request for these options on node `node_rank` of `nnodes`; UsageError for anything wrong."""
+    if options.gpus is not None and not options.gpus.strip():
+        raise UsageError("--gpus '': the list is empty, so it names no GPU. Name GPUs (--gpus 0,1), leave --gpus "
+                         "out to let ddpboot choose free ones, or use --cpu for CPU ranks.")
+    if not 0 <= options.max_util <= 100:
+        raise UsageError(f"--max-util {options.max_util}: give a percentage between 0 and 100.")
+    return parse_request(
+        nproc=options.nproc,
+        gpus=options.gpus,
+        exclude=options.exclude,
+        gpus_per_proc=options.gpus_per_proc,
+        isolation=options.isolation,
+        cpu=options.cpu,
+        max_used_memory=parse_size(options.max_used_memory, "--max-used-memory"),
+        max_util=options.max_util,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        cpu_affinity=options.cpu_affinity,
+        share=options.share,
     )

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpboot.errors import UsageError
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.locks import GpuLocks, GpusLockedError, acquire, current_holders, prepare_lock_dir
 from ddpboot.selection.planner import GpusBusy, Plan
+from ddpboot.units import parse_duration
 
 PlanWith = Callable[[Inventory, Mapping[str, str]], Plan]
 
@@ -22,18 +22,7 @@ def parse_wait(text: str | None) -> float | None:
     """`--wait-for-gpus`: seconds, or with a unit (90s, 10m, 2h), or `inf`; None when not given."""
     if text is None:
         return None
-    t = text.strip().lower()
-    if t in ("inf", "forever"):
-        return float("inf")
-    scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1:], 1) if t else 1
-    number = t[:-1] if t[-1:] in ("s", "m", "h") else t
-    try:
-        value = float(number) * scale
-    except ValueError:
-        raise UsageError(f"--wait-for-gpus {text!r} is not a duration: give seconds (600), 10m, 2h or inf.") from None
-    if not value > 0:
-        raise UsageError(f"--wait-for-gpus {text!r}: the time to wait must be positive (or inf).")
-    return value
+    return parse_duration(text, "--wait-for-gpus", allow_zero=False, allow_inf=True)
 
 
 def reserve(

@@ -19,27 +19,16 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import traceback
-from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from ddpboot.errors import DdpbootError
-from ddpboot.launch.config import LaunchConfig
+from ddpboot.launch import runner
+from ddpboot.launch.config import RunOptions, SelectionOptions, build
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
-from ddpboot.launch.options import DEFAULT_SIGNALS, parse_signals
 from ddpboot.launch.procs.spawn import PR_SET_PDEATHSIG, become_subreaper, prctl
-from ddpboot.launch.runner import block_early, launch_spec
 from ddpboot.launch.spec import Target
-from ddpboot.launch.supervisor import Supervisor
-from ddpboot.nodes.launcher import NodeOptions, bind_node_store, launcher_nodes, store_address
-from ddpboot.selection.gpu import Inventory
-from ddpboot.selection.inventory import load_inventory
-from ddpboot.selection.locks import lock_dir
-from ddpboot.selection.planner import Plan, make_plan
-from ddpboot.selection.request import parse_request
-from ddpboot.selection.reserve import reserve
 from ddpboot.testing.job import LAUNCHER_LOG, PRELOAD_VAR
 
 RANK_MODULE = "ddpboot.testing.rank"
@@ -50,37 +39,19 @@ def rank_target(results: str) -> Target:
     return Target("module", RANK_MODULE, (results,))
 
 
-def run_job(zygote: FastStartProcess, inventory: Inventory, nproc: int, gpu: bool, results: str, wait: float) -> int:
-    """One test's job, supervised here with the session's zygote: the launcher's own parts, as runner.run uses
-    them for a single node. CPU ranks plan with the inventory read at the start (no GPU is taken); GPUs are planned
-    and locked as any job's, and GPUs held by another job (another xdist worker) are waited for up to `wait` s."""
-    env, options = dict(os.environ), NodeOptions()
-    nodes = launcher_nodes(options, env)
-    config = LaunchConfig(target=rank_target(results), python=sys.executable, cwd=Path.cwd(), env=env, nodes=nodes,
-                          store_address=store_address(nodes, options),
-                          request=parse_request(nproc=str(nproc), cpu=not gpu),
-                          signals=parse_signals(DEFAULT_SIGNALS), shutdown_timeout=SHUTDOWN_TIMEOUT, fast_start=True)
-    block_early(config.signals)
-    cpus = sorted(os.sched_getaffinity(0))
-
-    def plan_with(inv: Inventory, locked: Mapping[str, str]) -> Plan:
-        return make_plan(config.request, inv, env, allowed_cpus=cpus, locked=locked)
-
-    if gpu:
-        plan, locks = reserve(lambda: load_inventory(env), plan_with, lock_dir(env), wait=wait)
-    else:
-        plan, locks = plan_with(inventory, {}), None
-    try:
-        listener = bind_node_store(nodes, config.store_address)
-        workdir = Path(tempfile.mkdtemp(prefix="ddpboot-"))
-        return Supervisor(launch_spec(config, plan), plan, listener, env, workdir, True, fast_start=zygote).run()
-    finally:
-        if locks is not None:
-            locks.release()
+def run_job(zygote: FastStartProcess, nproc: int, gpu: bool, results: str, wait: float) -> int:
+    """One test's job: the launcher's own run path (launch/runner.py, as `ddpboot --fast-start -m
+    ddpboot.testing.rank` would run it) with the session's zygote instead of a fresh one. GPUs are planned and locked
+    as any job's, and GPUs held by another job (another xdist worker) are waited for up to `wait` s."""
+    options = RunOptions(
+        script=RANK_MODULE, args=(results,), module=True, fast_start=True,
+        selection=SelectionOptions(nproc=str(nproc), cpu=not gpu), shutdown_timeout=SHUTDOWN_TIMEOUT,
+        wait_for_gpus=f"{wait}s" if gpu and wait > 0 else None,
+    )
+    return runner.run(build(options, dict(os.environ), Path.cwd()), fast_start=zygote)
 
 
-def _job_process(req: dict[str, Any], zygote: FastStartProcess, inventory: Inventory,
-                 protocol: list[IO[Any]]) -> None:
+def _job_process(req: dict[str, Any], zygote: FastStartProcess, protocol: list[IO[Any]]) -> None:
     """The forked test launcher: output into the results directory, the job, its exit code. Never returns."""
     code = 1
     try:
@@ -91,8 +62,7 @@ def _job_process(req: dict[str, Any], zygote: FastStartProcess, inventory: Inven
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        code = run_job(zygote, inventory, int(req["nproc"]), bool(req["gpu"]), str(req["results"]),
-                       float(req["timeout"]))
+        code = run_job(zygote, int(req["nproc"]), bool(req["gpu"]), str(req["results"]), float(req["timeout"]))
     except DdpbootError as exc:
         print(f"ddpboot: error: {exc}", file=sys.stderr)
         code = 2
@@ -129,13 +99,12 @@ def serve(zygote: FastStartProcess, requests: IO[str], replies: IO[str]) -> None
         send({"op": "error", "error": str(exc)})
         return
     send({"op": "ready"})
-    inventory = load_inventory()
     for line in requests:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _job_process(json.loads(line), zygote, inventory, [requests, replies])
+            _job_process(json.loads(line), zygote, [requests, replies])
         send({"op": "started", "pid": pid})
         send({"op": "done", "code": _wait(pid, zygote)})
         if zygote.gone:

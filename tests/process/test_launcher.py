@@ -278,7 +278,7 @@ def test_restarts_count_up_and_return_the_last_attempts_code(tmp_path: Path) -> 
     proc = run_launcher(args, launch_env(out))
     assert proc.returncode == 0, proc.stderr
     assert "attempt 0 failed" in proc.stderr and "attempt 1 failed" in proc.stderr
-    assert sorted(p.name for p in (logs / "job").iterdir()) == ["attempt_0", "attempt_1", "attempt_2"]
+    assert sorted(p.name for p in (logs / "job").iterdir()) == ["attempt_0", "attempt_1", "attempt_2", "plan.json"]
     reps = reports(out)
     assert {r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in reps.values()} == {"2"}
     # Each attempt starts from an empty store: at most one rank of an attempt can have seen `probe`.

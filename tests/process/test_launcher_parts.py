@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.launch.logs import Console, RankStream
-from ddpboot.launch.options import Std
+from ddpboot.launch.spec import Std
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.planner import RankSlot

@@ -11,23 +11,23 @@ from __future__ import annotations
 import contextlib
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ddpboot.errors import UsageError
 from ddpboot.launch.elastic.client import AgentError, RdzvAgent, Stopped, signal_reader
 from ddpboot.launch.elastic.rounds import Round, round_plan
-from ddpboot.launch.logs import Console, LogMode, run_dir
+from ddpboot.launch.logs import Console, run_dir
 from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
-from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
-from ddpboot.nodes.elastic import default_run_id
 from ddpboot.nodes.static import NodeSetup
-from ddpboot.selection.locks import GpuLocks
 from ddpboot.selection.planner import Plan
+
+if TYPE_CHECKING:
+    from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.tcpstore.address import bind_store_socket
 from ddpboot.units import plural
 
@@ -73,31 +73,22 @@ def run_elastic(
     env: dict[str, str],
     nodes: NodeSetup,
     *,
-    locks: GpuLocks | None = None,
-    rdzv_id: str | None = None,
-    rdzv_backend: str = "c10d",
-    rdzv_conf: dict[str, str] | None = None,
-    max_restarts: int = 0,
-    log_dir: str | None = None,
-    supervisor_kwargs: dict[str, Any] | None = None,
+    conf: Mapping[str, str] | None = None,
+    fast_start: FastStartProcess | None = None,
     console: Console | None = None,
     start_agent: AgentStarter = RdzvAgent.start,
     supervisor: SupervisorFactory = Supervisor,
 ) -> int:
-    """Run this node's part of an elastic job until it succeeds, fails for good or is stopped; the exit code."""
-    try:
-        return ElasticDriver(
-            spec, plan, env, nodes, rdzv_id=rdzv_id, rdzv_backend=rdzv_backend, conf=rdzv_conf or {},
-            max_restarts=max_restarts, log_dir=log_dir, supervisor_kwargs=supervisor_kwargs or {},
-            console=console or Console(), start_agent=start_agent, supervisor=supervisor,
-        ).run()
-    finally:
-        if locks is not None:
-            locks.release()
+    """Run this node's part of an elastic job until it succeeds, fails for good or is stopped; the exit code.
+    Everything was checked before (launch/config.py: an elastic range, c10d, an endpoint); the GPUs' locks, if any,
+    belong to the caller (the runner), which lets them go after this returns."""
+    return ElasticDriver(spec, plan, env, nodes, conf=dict(conf or {}), fast_start=fast_start,
+                         console=console or Console(), start_agent=start_agent, supervisor=supervisor).run()
 
 
 class ElasticDriver:
-    """This node's rounds, from the agent's start to the job's end; `run()` gives the launcher's exit code."""
+    """This node's rounds, from the agent's start to the job's end; `run()` gives the launcher's exit code. The job's
+    run id (the rendezvous id), restarts, log directory and log mode are the spec's."""
 
     def __init__(
         self,
@@ -106,28 +97,21 @@ class ElasticDriver:
         env: dict[str, str],
         nodes: NodeSetup,
         *,
-        rdzv_id: str | None,
-        rdzv_backend: str,
         conf: dict[str, str],
-        max_restarts: int,
-        log_dir: str | None,
-        supervisor_kwargs: dict[str, Any],
+        fast_start: FastStartProcess | None,
         console: Console,
         start_agent: AgentStarter,
         supervisor: SupervisorFactory,
     ) -> None:
-        if nodes.source != "elastic" or nodes.rdzv_endpoint is None:
-            raise UsageError("an elastic job needs --nnodes MIN:MAX with --rdzv-endpoint HOST:PORT.")
-        if rdzv_backend.strip().lower() != "c10d":
-            raise UsageError(f"--rdzv-backend {rdzv_backend}: elastic ranges (--nnodes MIN:MAX) need c10d.")
+        if not nodes.elastic or nodes.rdzv_endpoint is None:
+            raise ValueError("ddpboot bug: the elastic driver was given a node setup that is not an elastic range")
         self.spec, self.plan, self.env, self.nodes = spec, plan, env, nodes
         self.endpoint = nodes.rdzv_endpoint
-        self.run_id = rdzv_id if rdzv_id and rdzv_id != "none" else default_run_id(self.endpoint)
+        self.run_id = spec.run_id
         self.conf = conf
-        self.max_restarts = max_restarts
-        self.log_dir = log_dir
-        self.supervisor_kwargs = supervisor_kwargs
-        self.console = supervisor_kwargs.get("console") or console
+        self.max_restarts = spec.max_restarts
+        self.fast_start = fast_start
+        self.console = console
         self.start_agent = start_agent
         self.supervisor = supervisor
         self.store_addr = nodes.master_addr
@@ -227,38 +211,35 @@ class ElasticDriver:
         where = ", ".join(f"{h} ({n})" for n, h in rnd.nodes)
         self.say(f"rendezvous round {rnd.label(count)}: node {rnd.group_rank} of {rnd.nnodes} [{where}], ranks "
                  f"{first}-{last} of world size {rnd.world_size}, store at {rnd.master_addr}:{rnd.master_port}")
-        spec = replace(self.spec, run_id=self.run_id, master_addr=rnd.master_addr, master_port=rnd.master_port,
-                       bind_addr=self.store_addr if rnd.group_rank == 0 else "127.0.0.1",
-                       max_restarts=self.max_restarts)
+        spec = replace(self.spec, master_addr=rnd.master_addr, master_port=rnd.master_port,
+                       bind_addr=self.store_addr if rnd.group_rank == 0 else "127.0.0.1")
         try:
-            workdir, temporary = self._workdir(rnd, count)
+            workdir = self._workdir(rnd, count)
         except BaseException:
             listener.close()
             raise
-        kwargs = dict(self.supervisor_kwargs)
-        kwargs.setdefault("console", self.console)
         self.watch_broken = False
         # One attempt, numbered as the job's failure restarts so far: a restart needs a new round, so the round
         # never restarts by itself, but TORCHELASTIC_RESTART_COUNT, attempt_N and the summary count the job's.
         sup = self.supervisor(
-            spec, round_plan(self.plan, rnd), listener, self.env,
-            workdir, temporary, watch=self._watch, watch_interval=WATCH_INTERVAL,
-            attempts=range(restarts, restarts + 1), started_before=count > 1, **kwargs,
+            spec, round_plan(self.plan, rnd), listener, self.env, workdir,
+            watch=Watch(self._watch, WATCH_INTERVAL), attempts=range(restarts, restarts + 1),
+            started_before=count > 1, fast_start=self.fast_start, console=self.console,
         )
         code = sup.run()
         return code, sup.result
 
-    def _workdir(self, rnd: Round, count: int) -> tuple[Path, bool]:
-        """The round's directory under the job's logs, or a temporary one (True) without --log-dir."""
-        if self.log_dir and self.base is None:  # DIR/RUN_ID (made unique), created when the first round starts
-            mode = self.supervisor_kwargs.get("log_mode", LogMode.PRIVATE)
-            self.base = run_dir(Path(self.log_dir), self.run_id, mode)
+    def _workdir(self, rnd: Round, count: int) -> RunDir:
+        """The round's directory under the job's logs, or a temporary one without --log-dir."""
+        log_dir = self.spec.log_dir
+        if log_dir is not None and self.base is None:  # DIR/RUN_ID (made unique), created when the first round starts
+            self.base = run_dir(log_dir, self.run_id, self.spec.log_mode)
             self.say(f"logs in {self.base}")
         if self.base is None:
-            return Path(tempfile.mkdtemp(prefix="ddpboot-")), True
+            return RunDir(Path(tempfile.mkdtemp(prefix="ddpboot-")), True)
         workdir = self.base / f"round_{rnd.label(count)}"
         workdir.mkdir(parents=True, exist_ok=True)
-        return workdir, False
+        return RunDir(workdir, False)
 
     def _watch(self) -> str | None:
         """Called by the Supervisor while workers run: a reason to stop them when a node waits to join."""

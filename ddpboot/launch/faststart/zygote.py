@@ -1,6 +1,7 @@
 """Fast start, the zygote's side: import torch once per node, then fork one child per rank and run the script in it
 exactly as `python -u SCRIPT ARGS` would. Standard library only: this file runs in its own interpreter, started by
-the launcher (faststart.py) as `python -u -c ... zygote.py`, and nothing of ddpboot is imported into the ranks.
+the launcher (launch/faststart/__init__.py) as `python -u -c ... zygote.py`, and imports nothing of ddpboot itself;
+what it preloads (`--preload`; the pytest plugin preloads its own ddpboot.testing modules) the ranks inherit.
 
 The zygote stays fork-safe: no Python threads, no CUDA (torch is imported, never initialised), no store (the
 launcher's guardian serves it). It also ignores every catchable signal: SLURM's slurmstepd signals every process

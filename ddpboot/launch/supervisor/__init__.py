@@ -18,15 +18,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from pathlib import Path
 
 from ddpboot.contract import STACKS_SIGNAL, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
-from ddpboot.launch.logs import Console, LogMode
+from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
-from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
 from ddpboot.launch.stacks import dump as stack_dump
 from ddpboot.launch.stacks.collect import RankTarget
 from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
@@ -43,7 +42,6 @@ from ddpboot.launch.supervisor.workers import (
     make_workers,
 )
 from ddpboot.selection.planner import Plan
-from ddpboot.tcpstore.allow import AllowList
 
 __all__ = ["AttemptResult", "Supervisor"]
 
@@ -57,55 +55,53 @@ def exit_mark_time(w: Worker) -> float:
 
 
 class Supervisor:
+    """Runs the attempts of one job (or one elastic round) on this node, from the spec and the plan.
+
+    `listener` is the store's bound socket (the guardian serves it); `env` the environment the workers inherit;
+    `run_dir` where attempts write. `before_start` runs once the store is up (the nodes' check-in,
+    nodes/check.py); `watch` is asked while the workers run (elastic membership changes); `attempts` are the attempt
+    numbers to run (0..--max-restarts; an elastic round runs the one its job has reached); `started_before` says
+    that ranks of this job ran before (a later elastic round), which makes a rank that cannot start a failure
+    (126/127) rather than a usage error (2)."""
+
     def __init__(
         self,
         spec: LaunchSpec,
         plan: Plan,
         listener: socket.socket,
-        base_env: Mapping[str, str],
-        workdir: Path,
-        temporary: bool,
+        env: Mapping[str, str],
+        run_dir: RunDir,
+        *,
+        fast_start: FastStartProcess | None = None,
+        before_start: Callable[[], None] | None = None,
+        watch: Watch | None = None,
+        attempts: range | None = None,
+        started_before: bool = False,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
-        before_start: Callable[[], None] | None = None,
-        watch: Callable[[], str | None] | None = None,
-        watch_interval: float = 1.0,
-        fast_start: FastStartProcess | None = None,
-        attempts: range | None = None,
-        log_mode: LogMode = LogMode.PRIVATE,
-        store_allow: AllowList | None = None,
-        stall_timeout: float | None = None,
-        started_before: bool = False,
     ) -> None:
         self.spec = spec
         self.plan = plan
         self.listener = listener
-        self.workdir = workdir  # the run's log directory, or a temporary one (error files only)
-        self.temporary = temporary
+        self.workdir = run_dir.path
+        self.temporary = run_dir.temporary
         self.console = console or Console()
         self.clock = clock
         # MASTER_PORT: the port we serve on, or node 0's (multi-node, node rank > 0: our listener only serves the
         # guardian's unused local store).
-        self.setup = AttemptSetup(spec, plan, dict(base_env), spec.master_port or int(listener.getsockname()[1]),
-                                  self.console, with_files=not temporary, log_mode=log_mode)
-        self.store_allow = store_allow  # the addresses the store serves (None: every address; tcpstore/allow.py)
-        self.before_start = before_start  # e.g. the nodes' check-in (ddpboot/nodes/check.py), once the store is up
-        # Called every watch_interval seconds while workers run; a non-None reason stops the attempt (SIGTERM, then
-        # SIGKILL after the shutdown timeout) and is recorded in the result (elastic membership changes).
-        self.watch = watch
+        self.setup = AttemptSetup(spec, plan, dict(env), spec.master_port or int(listener.getsockname()[1]),
+                                  self.console, with_files=not run_dir.temporary)
+        self.before_start = before_start
+        self.watch = watch.check if watch is not None else None
         self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
-                             watch_interval if watch is not None else None, stall_timeout)
+                             watch.interval if watch is not None else None, spec.stall_timeout)
         self.result: AttemptResult | None = None  # the last attempt's
         self.fast_start = fast_start  # ranks forked by the fast-start process (launch/faststart/); None: exec
-        # The attempt numbers this supervisor runs (TORCHELASTIC_RESTART_COUNT, attempt_N, the summary's count):
-        # 0..--max-restarts by default; an elastic round runs the one attempt its job has reached.
         self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
         self.policy = ForwardPolicy(forward_stacks=STACKS_SIGNAL in spec.signals)
         self.sel = selectors.DefaultSelector()
         self.sigfd: SignalFd | None = None
         self.procs: ProcessTable | None = None
-        # Whether ranks of this job ran before this supervisor's first attempt (an elastic job's later rounds): a
-        # rank that then cannot start is a failure of the job (126/127), not a usage error (2).
         self.started_before = started_before
 
     # --- the job -----------------------------------------------------------------------------------
@@ -114,7 +110,7 @@ class Supervisor:
         _wait_for_threads()
         become_subreaper()
         guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None,
-                                  self.store_allow)
+                                  self.spec.store_allow)
         self.listener.close()  # the guardian serves it now
         self.sigfd = SignalFd([*self.spec.signals, STACKS_SIGNAL, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
@@ -205,7 +201,7 @@ class Supervisor:
 
     def _attempt(self, procs: ProcessTable, sigfd: SignalFd, attempt: int) -> AttemptResult:
         attempt_dir = self.workdir / f"attempt_{attempt}"
-        self.setup.log_mode.make_dir(attempt_dir, exist_ok=True)
+        self.spec.log_mode.make_dir(attempt_dir, exist_ok=True)
         workers = make_workers(self.setup, attempt, attempt_dir)
         procs.workers = workers
         pipes = procs.start(self.sel)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.launch.env import FR_NAMES_SINCE, EnvContext, worker_argv, worker_env, worker_vars
-from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream
-from ddpboot.launch.options import Std
-from ddpboot.launch.spec import LaunchSpec
+from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.spec import LaunchSpec, Std
 from ddpboot.launch.stacks.collect import CPU
 from ddpboot.selection.planner import Plan, RankSlot
 from ddpboot.units import short_uuid
@@ -86,7 +85,6 @@ class AttemptSetup:
     port: int  # MASTER_PORT
     console: Console
     with_files: bool  # per-rank log files (False: a temporary directory holds only the error files)
-    log_mode: LogMode = LogMode.PRIVATE  # who may read the attempt directories and log files
 
 
 def workers_read_fr_names(spec: LaunchSpec) -> bool:
@@ -131,7 +129,7 @@ def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_d
     error_file = attempt_dir / f"rank{slot.rank}.error.json"
     log = None
     if setup.with_files and (routing.to_file(slot.local_rank, Std.OUT) or routing.to_file(slot.local_rank, Std.ERR)):
-        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.log_mode)
+        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.spec.log_mode)
 
     def stream(which: Std) -> RankStream:
         return RankStream(

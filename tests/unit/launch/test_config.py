@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.config import (
+from ddpboot.launch.config import NodeOptions, OutputConfig, RunOptions, SelectionOptions, build
+from ddpboot.launch.options import (
     REFUSED_TORCHRUN_OPTIONS,
-    LaunchConfig,
-    OutputConfig,
     check_preloads,
-    check_torchrun_options,
     parse_preloads,
     parse_store_backend,
     refuse_torchrun_options,
     target_kind,
 )
-from ddpboot.launch.options import Std
-from ddpboot.launch.spec import Target
-from ddpboot.nodes.launcher import StoreAddress
-from ddpboot.nodes.static import resolve_nodes
+from ddpboot.launch.spec import Std
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import parse_request
@@ -103,34 +97,54 @@ def test_preloads() -> None:
         parse_preloads("a-b", fast_start=True)
 
 
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return str(path)
+
+
+def configure(script: str, **options: object) -> object:
+    return build(RunOptions(script=script, **options), {"DDPBOOT_FAKE_GPUS": "4"}, Path(script).parent)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("options", "message"),
     [
-        ((-1, "spawn", "", "static"), "--max-restarts -1"),
-        ((0, "thread", "", "static"), "--start-method 'thread'"),
-        ((0, "spawn", "timeout", "static"), "is not KEY=VALUE"),
-        ((0, "spawn", "", "zookeeper"), "--rdzv-backend 'zookeeper'"),
+        ({"max_restarts": -1}, "--max-restarts -1"),
+        ({"start_method": "thread"}, "--start-method 'thread'"),
+        ({"rdzv_conf": "timeout"}, "is not KEY=VALUE"),
+        ({"nodes": NodeOptions(rdzv_backend="zookeeper")}, "--rdzv-backend 'zookeeper'"),
+        ({"nodes": NodeOptions(rdzv_backend="etcd-v2")}, "no etcd rendezvous"),
+        ({"stall_timeout": "2 weeks"}, "--stall-timeout '2 weeks' is not a duration"),
+        ({"selection": SelectionOptions(isolation="node"), "virtual_local_rank": True}, "contradicts --isolation"),
     ],
 )
-def test_torchrun_options_keep_torchruns_choices(args: tuple[int, str, str, str], message: str) -> None:
-    check_torchrun_options(0, "fork", "join_timeout=5", "C10D")
+def test_torchruns_options_keep_torchruns_choices(script: str, options: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        check_torchrun_options(*args)
+        configure(script, **options)
 
 
-def test_a_given_run_id_unless_torchruns_none() -> None:
-    base = LaunchConfig(Target("script", "train.py"), "python", Path("."), {}, resolve_nodes({}),
-                        StoreAddress("127.0.0.1", "127.0.0.1", None), parse_request())
-    assert base.given_run_id is None
-    assert replace(base, rdzv_id="none").given_run_id is None
-    assert replace(base, rdzv_id="job7").given_run_id == "job7"
+def test_the_config_is_built_with_typed_values(script: str) -> None:
+    config = configure(script, start_method="fork", rdzv_conf="join_timeout=5", stall_timeout="2m",
+                       nodes=NodeOptions(rdzv_backend="C10D"), rdzv_id="job7", selection=SelectionOptions(nproc="2"))
+    assert config.stall_timeout == 120.0 and config.join_timeout == 5.0  # type: ignore[attr-defined]
+    assert config.run_id == "job7" and config.request.nproc == 2  # type: ignore[attr-defined]
+    assert configure(script, rdzv_id="none").run_id != "none"  # type: ignore[attr-defined]  # torchrun's default
 
 
-def test_etcd_rendezvous_is_refused_not_ignored() -> None:
-    for backend in ("etcd", "etcd-v2"):
-        with pytest.raises(UsageError, match="no etcd rendezvous"):
-            check_torchrun_options(0, "spawn", "", backend)
-    check_torchrun_options(0, "spawn", "", "c10d")
+def test_refusals_come_first_and_values_from_the_environment_are_named(script: str) -> None:
+    with pytest.raises(UsageError, match=r"^--numa-binding node"):
+        configure(script, refused={"--numa-binding": "node"}, max_restarts=-1)
+    with pytest.raises(UsageError, match="--nnodes came from PET_NNODES=2 in the environment") as info:
+        build(RunOptions(script=script, nodes=NodeOptions(nnodes="2"), from_env={"--nnodes": "PET_NNODES"}),
+              {"PET_NNODES": "2"}, Path(script).parent)
+    assert str(info.value).count("PET_NNODES") == 1
+
+
+def test_fast_start_of_a_program_is_a_note_not_an_error(tmp_path: Path) -> None:
+    config = build(RunOptions(script="true", no_python=True, fast_start=True), {"PATH": "/usr/bin:/bin"}, tmp_path)
+    assert not config.fast_start and "every rank starts with exec" in config.notes[0]
 
 
 def test_refused_torchrun_options_say_what_to_use_instead() -> None:

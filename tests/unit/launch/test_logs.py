@@ -14,8 +14,8 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch import logs
-from ddpboot.launch.logs import Console, LogFile, LogMode, RankStream, parse_log_mode, read_error_file, run_dir
-from ddpboot.launch.options import Std
+from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file, run_dir
+from ddpboot.launch.spec import LogMode, Std, parse_log_mode
 from tests.support import render_terminal
 
 

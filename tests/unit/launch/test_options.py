@@ -12,13 +12,13 @@ from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     Std,
     check_rank_filter,
-    parse_duration,
     parse_rank_list,
     parse_rdzv_conf,
     parse_signals,
     parse_std,
     resolve_std,
 )
+from ddpboot.units import parse_duration
 
 
 def test_std_specs_any_rank_number() -> None:
@@ -71,7 +71,12 @@ def test_default_signals_parse() -> None:
 def test_durations() -> None:
     assert parse_duration(0, "--shutdown-timeout") == 0.0
     assert parse_duration(2, "--monitor-interval", allow_zero=False) == 2.0
-    for value, allow_zero, need in ((-1.0, True, "zero or more"), (math.nan, True, "zero or more"),
-                                    (0.0, False, "more than zero")):
-        with pytest.raises(UsageError, match=f"give {need} seconds"):
+    for text, seconds in (("2s", 2.0), ("1.5m", 90.0), (" 2H ", 7200.0), ("0.5", 0.5), ("1d", 86400.0)):
+        assert parse_duration(text, "--stall-timeout") == seconds
+    assert parse_duration("inf", "--wait-for-gpus", allow_inf=True) == math.inf
+    for value, allow_zero, need in ((-1.0, True, "give zero or more seconds"), ("-2m", False, "more than zero"),
+                                    (math.nan, True, "is not a duration"),
+                                    ("2 weeks", True, "is not a duration"), ("inf", True, "give a finite time"),
+                                    (0.0, False, "give more than zero seconds")):
+        with pytest.raises(UsageError, match=f"--x .*{need}.*e.g. 30, 90s, 10m, 2h"):
             parse_duration(value, "--x", allow_zero=allow_zero)

@@ -35,6 +35,7 @@ def config(tmp_path: Path) -> LaunchConfig:
         nodes=resolve_nodes({}),
         store_address=StoreAddress("127.0.0.1", "127.0.0.1", None),
         request=parse_request(nproc="2"),
+        run_id="run7",
         signals=(signal.SIGTERM,),
         role="trainer",
         output=OutputConfig(prefix=False),
@@ -56,18 +57,19 @@ def test_the_launch_spec_follows_the_config(config: LaunchConfig) -> None:
     assert (spec.master_addr, spec.bind_addr, spec.master_port, spec.store) == ("127.0.0.1", "127.0.0.1", None,
                                                                                "python")
     assert spec.routing.prefix is False and set(spec.routing.console) == {0, 1}
-    assert spec.run_id != runner.launch_spec(config, plan).run_id  # a fresh id each time
-    assert runner.launch_spec(replace(config, rdzv_id="job7"), plan).run_id == "job7"
+    assert spec.run_id == "run7" and (spec.log_dir, spec.stall_timeout) == (None, None)
 
 
 def test_a_dry_run_reports_a_port_in_use(config: LaunchConfig) -> None:
-    runner.check_store_port(config)  # no port asked: bound at launch
+    plan, spec = runner.dry_run(config)  # no port asked: bound at launch
+    assert len(plan.ranks) == 2 and spec.master_port is None
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(UsageError):
-            runner.check_store_port(replace(config, store_address=StoreAddress("127.0.0.1", "127.0.0.1", port)))
+        with pytest.raises(UsageError, match="is in use"):
+            runner.dry_run(replace(config, store_address=StoreAddress("127.0.0.1", "127.0.0.1", port)))
+
 
 
 @pytest.fixture

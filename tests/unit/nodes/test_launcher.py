@@ -13,8 +13,8 @@ from ddpboot.nodes.launcher import (
     NodeOptions,
     StoreAddress,
     bind_node_store,
+    job_run_id,
     launcher_nodes,
-    new_run_id,
     store_address,
 )
 from ddpboot.nodes.static import resolve_nodes
@@ -150,10 +150,11 @@ def test_node_0_binds_a_listener_group_when_asked_and_other_nodes_one_private_so
 
 def test_run_ids_agree_across_nodes_without_talking() -> None:
     nodes = resolve_nodes({}, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29511)
-    assert new_run_id(nodes, {}) == "nodes-10.0.0.1-29511"
+    assert job_run_id(None, nodes, {}) == "nodes-10.0.0.1-29511"
     slurm = resolve_nodes(SRUN)
-    assert new_run_id(slurm, SRUN) == "slurm-4242.0"
-    fresh = {new_run_id(resolve_nodes({}), {}) for _ in range(3)}
+    assert job_run_id("none", slurm, SRUN) == "slurm-4242.0"  # torchrun's default id is no id
+    assert job_run_id("job7", slurm, SRUN) == "job7"
+    fresh = {job_run_id(None, resolve_nodes({}), {}) for _ in range(3)}
     assert len(fresh) == 3 and all(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", r) for r in fresh)
 
 

@@ -15,7 +15,7 @@ import pytest
 from ddpboot.launch.elastic.client import AgentError, RdzvAgent, Stopped, signal_reader
 from ddpboot.launch.elastic.rounds import Round
 from ddpboot.launch.logs import Console
-from ddpboot.launch.options import Std
+from ddpboot.launch.spec import Std
 
 NEXT = {"re": "next", "round": 2, "group_rank": 0, "nnodes": 1, "rank_offset": 0, "world_size": 2,
         "master_addr": "127.0.0.1", "master_port": 1234, "nodes": [[2, "here"]]}

@@ -18,8 +18,7 @@ from ddpboot.launch.elastic.client import AgentError, Stopped
 from ddpboot.launch.elastic.driver import EXIT_BARRIER, run_elastic
 from ddpboot.launch.elastic.rounds import Round
 from ddpboot.launch.logs import Console
-from ddpboot.launch.options import Std
-from ddpboot.launch.spec import LaunchSpec, Target
+from ddpboot.launch.spec import LaunchSpec, Std, Target
 from ddpboot.launch.supervisor import AttemptResult
 from ddpboot.nodes.static import elastic_setup
 from ddpboot.selection.planner import Plan, RankSlot
@@ -104,7 +103,7 @@ class FakeSupervisor:
         listener = self.args[2]
         self.store_address = listener.getsockname()[:2]
         listener.close()  # as the real Supervisor does when the round ends
-        self.result = self.outcome(self.kwargs["watch"])
+        self.result = self.outcome(self.kwargs["watch"].check)
         return self.result.code
 
 
@@ -152,7 +151,8 @@ class Job:
 
 def run_job(agent: FakeAgent, supervisors: Supervisors, tmp_path: Path, max_restarts: int = 0,
             log_dir: bool = True) -> Job:
-    spec = LaunchSpec(target=Target("script", "train.py"), python=sys.executable, run_id="cli-id")
+    spec = LaunchSpec(target=Target("script", "train.py"), python=sys.executable, run_id="job7",
+                      max_restarts=max_restarts, log_dir=tmp_path / "logs" if log_dir else None)
     slots = tuple(RankSlot(rank=i, local_rank=i, gpus=(), cuda_visible_devices="", device="cpu") for i in range(2))
     plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation=Isolation.RANK, backend="gloo")
     nodes = elastic_setup(1, 2, ENDPOINT, "127.0.0.1")
@@ -162,9 +162,7 @@ def run_job(agent: FakeAgent, supervisors: Supervisors, tmp_path: Path, max_rest
         agent.params = params
         return agent
 
-    code = run_elastic(spec, plan, {}, nodes, rdzv_id="job7", max_restarts=max_restarts,
-                       log_dir=str(tmp_path / "logs") if log_dir else None, console=console,
-                       start_agent=start_agent, supervisor=supervisors)
+    code = run_elastic(spec, plan, {}, nodes, console=console, start_agent=start_agent, supervisor=supervisors)
     return Job(agent, supervisors, console, code)
 
 
@@ -178,13 +176,14 @@ def test_a_round_forms_and_the_job_succeeds(tmp_path: Path) -> None:
     assert "rendezvous round 3: node 1 of 2 [host0 (2), host1 (2)], ranks 2-3 of world size 4, store at " \
            "10.0.0.1:29500" in job.console.text
     (sup,) = job.supervisors.made
-    spec, plan, _listener, _env, workdir, temporary = sup.args
+    spec, plan, _listener, _env, where = sup.args
     assert (spec.run_id, spec.master_addr, spec.master_port, spec.bind_addr) == ("job7", "10.0.0.1", 29500,
                                                                                  "127.0.0.1")
     assert [s.rank for s in plan.ranks] == [2, 3] and (plan.world_size, plan.node_rank) == (4, 1)
     assert sup.store_address[0] == "127.0.0.1"  # not group rank 0: a private store nobody uses,
     assert sup.store_address[1] != job.agent.joined[0]["port"]  # not the one offered to the round
-    assert workdir == tmp_path / "logs" / "job7" / "round_3" and not temporary
+    assert where.path == tmp_path / "logs" / "job7" / "round_3" and not where.temporary
+    assert sup.kwargs["started_before"] is False and sup.kwargs["console"] is job.console
     assert sup.kwargs["attempts"] == range(0, 1)
 
 
@@ -300,12 +299,12 @@ def test_a_stop_signal_to_the_workers_ends_the_job_without_a_restart(tmp_path: P
 def test_group_rank_0_serves_the_store_on_its_address(tmp_path: Path) -> None:
     job = run_job(FakeAgent([a_round(group_rank=0, number=None)]), Supervisors(exits(0)), tmp_path, log_dir=False)
     (sup,) = job.supervisors.made
-    spec, plan, _listener, _env, workdir, temporary = sup.args
+    spec, plan, _listener, _env, where = sup.args
     assert job.agent.joined[0]["port"] == sup.store_address[1]  # the address published for the round
     assert spec.bind_addr == "127.0.0.1" and [s.rank for s in plan.ranks] == [0, 1]
-    assert temporary
+    assert where.temporary
     assert "rendezvous round 1: node 0 of 2" in job.console.text  # torch's number unknown: this node's count
-    workdir.rmdir()
+    where.path.rmdir()
 
 
 def test_the_listen_queue_note_is_said_once_over_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

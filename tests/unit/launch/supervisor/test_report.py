@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ddpboot.launch.logs import RankStream
-from ddpboot.launch.options import Std
+from ddpboot.launch.spec import Std
 from ddpboot.launch.supervisor.report import failure_summary
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker
 from ddpboot.selection.planner import RankSlot

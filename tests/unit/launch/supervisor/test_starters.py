@@ -14,8 +14,7 @@ import pytest
 
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console, RankStream
-from ddpboot.launch.options import Std
-from ddpboot.launch.spec import Target
+from ddpboot.launch.spec import Std, Target
 from ddpboot.launch.supervisor.starters import ExecStarter, FastStartStarter, choose_starter
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.planner import RankSlot

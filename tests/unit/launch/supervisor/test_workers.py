@@ -8,8 +8,7 @@ from pathlib import Path
 
 from ddpboot.contract import Isolation
 from ddpboot.launch.logs import Console
-from ddpboot.launch.options import Std
-from ddpboot.launch.spec import LaunchSpec, Routing, Target
+from ddpboot.launch.spec import LaunchSpec, Routing, Std, Target
 from ddpboot.launch.supervisor.workers import AttemptSetup, describe_status, exit_code_of, make_workers
 from ddpboot.selection.planner import Plan, RankSlot
 
