@@ -17,11 +17,15 @@ the CLI (`ddpboot plan`, `ddpboot gpus`) starts in a fraction of a second.
 
 import typing as _typing
 
+from ddpboot.errors import DdpbootError, PitfallError
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Context",
+    "DdpbootError",
     "DdpbootWarning",
+    "PitfallError",
     "__version__",
     "barrier",
     "context",
@@ -34,7 +38,8 @@ __all__ = [
     "shutdown",
     "wrap",
 ]
-_WORKER_NAMES = frozenset(__all__) - {"__version__"}  # the names ddpboot.worker exports, loaded on first use
+# The names ddpboot.worker exports, loaded on first use (the errors and the version need no torch).
+_WORKER_NAMES = frozenset(__all__) - {"__version__", "DdpbootError", "PitfallError"}
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__ below
     from ddpboot.worker import (

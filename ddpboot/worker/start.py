@@ -35,7 +35,7 @@ def init(
     backend: None picks nccl when this rank has a GPU and gloo otherwise; any torch.distributed backend name (or a
       composite like `cpu:gloo,cuda:nccl`) overrides it.
     timeout: seconds (or a timedelta) for collectives and the rendezvous; None keeps torch's default.
-    strict: pitfall guards raise a `PitfallError` subclass instead of warning with `DdpbootWarning`.
+    strict: pitfall guards raise a `ddpboot.PitfallError` subclass instead of warning with `DdpbootWarning`.
 
     The device is chosen and `torch.cuda.set_device` called before `init_process_group`, so NCCL and every later
     `.cuda()` land on this rank's GPU. `ddpboot.shutdown()` runs at exit. Under ddpboot's launcher, faulthandler
