@@ -5,8 +5,9 @@ Why a separate process: if the launcher is killed with SIGKILL (OOM killer, `kil
 runs any more. Its workers die with it through PR_SET_PDEATHSIG, but their children (data-loader workers, a shell's
 subprocesses) would live on holding GPUs. The guardian holds one end of a socketpair whose other end only the
 launcher has; end-of-file on it means the launcher is gone, and the guardian then SIGKILLs every worker process group
-it was told about, removes the job's temporary directory and exits. It also holds, by inheritance, the GPU locks
-the launcher took, so they are released only after the workers are dead.
+it was told about and every process of this user that still carries the job's mark (a path in its run directory,
+see leftovers.py: a rank's daemon that left its group), removes the job's temporary directory and exits. It also
+holds, by inheritance, the GPU locks the launcher took, so they are released only after the workers are dead.
 
 It is forked (not exec'd): the launcher has not imported torch and runs no thread, so the fork is cheap (no
 interpreter start-up, no imports) and safe. It ignores the signals a terminal or a scheduler sends to the launcher's
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.groups import NotOurGroup, signal_group
 from ddpboot.launch.spec import StoreBackend
 from ddpboot.tcpstore.address import listening_sockets
@@ -93,10 +95,12 @@ class Guardian:
 
 
 def start_guardian(
-    listener: socket.socket, backend: StoreBackend, tempdir: Path | None, allowed_hosts: AllowList | None = None
+    listener: socket.socket, backend: StoreBackend, tempdir: Path | None, allowed_hosts: AllowList | None = None,
+    run_dir: Path | None = None,
 ) -> Guardian:
     """Fork the guardian; it serves the store on `listener` (which the launcher may then close), to connections
-    from `allowed_hosts` only when given (ddpboot's store only: the caller refuses it with torch's)."""
+    from `allowed_hosts` only when given (ddpboot's store only: the caller refuses it with torch's). `tempdir` is
+    removed when the launcher is gone; `run_dir` marks the job's processes (default: `tempdir`)."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -105,7 +109,7 @@ def start_guardian(
         code = 1
         try:
             mine.close()
-            code = _main(theirs, listener, StoreChoice(backend, allowed_hosts), tempdir)
+            code = _main(theirs, listener, StoreChoice(backend, allowed_hosts), tempdir, run_dir or tempdir)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -179,10 +183,11 @@ class _Stores:
 class _Control:
     """The launcher's control messages (see the module docstring); `done` once the guardian must exit."""
 
-    def __init__(self, ctl: socket.socket, stores: _Stores, tempdir: Path | None) -> None:
+    def __init__(self, ctl: socket.socket, stores: _Stores, tempdir: Path | None, run_dir: Path | None) -> None:
         self.ctl = ctl
         self.stores = stores
         self.tempdir = tempdir
+        self.run_dir = run_dir
         self.groups: set[int] = set()
         self.pending = b""
         self.done = False
@@ -205,6 +210,8 @@ class _Control:
         for pgid in self.groups:
             with contextlib.suppress(OSError, NotOurGroup):
                 signal_group(pgid, signal.SIGKILL)
+        if self.run_dir is not None:
+            _kill_marked(self.run_dir)
         if self.tempdir is not None:
             shutil.rmtree(self.tempdir, ignore_errors=True)
         self.done = True
@@ -224,7 +231,20 @@ class _Control:
             self.done = True
 
 
-def _main(ctl: socket.socket, listener: socket.socket, choice: StoreChoice, tempdir: Path | None) -> int:
+def _kill_marked(run_dir: Path, rounds: int = 5) -> None:
+    """SIGKILL every process of ours that carries the job's mark, again while new ones appear (one may have forked
+    between the table's reading and the signal)."""
+    for _ in range(rounds):
+        table = leftovers.snapshot()
+        found = [table[pid] for pid in leftovers.marked(table, run_dir, os.getuid()) if pid != os.getpid()]
+        if not found:
+            return
+        leftovers.end(found, 0.0, first=signal.SIGKILL)
+
+
+def _main(
+    ctl: socket.socket, listener: socket.socket, choice: StoreChoice, tempdir: Path | None, run_dir: Path | None
+) -> int:
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -232,7 +252,7 @@ def _main(ctl: socket.socket, listener: socket.socket, choice: StoreChoice, temp
         ctypes.CDLL(None).prctl(PR_SET_NAME, b"ddpboot-guard", 0, 0, 0)
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
-    control = _Control(ctl, _Stores(listener, choice, sel), tempdir)
+    control = _Control(ctl, _Stores(listener, choice, sel), tempdir, run_dir)
     while not control.done:
         for key, events in sel.select():
             if key.data is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Mapping
 from ddpboot.contract import STACKS_SIGNAL, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.launch.logs import Console
+from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
@@ -44,6 +45,8 @@ from ddpboot.launch.supervisor.workers import (
 from ddpboot.selection.planner import Plan
 
 __all__ = ["AttemptResult", "Supervisor"]
+
+MAX_LEFTOVER_GRACE = 30.0  # seconds a process left by a rank gets after SIGTERM (the shutdown timeout, at most this)
 
 
 def exit_mark_time(w: Worker) -> float:
@@ -103,6 +106,7 @@ class Supervisor:
         self.sigfd: SignalFd | None = None
         self.procs: ProcessTable | None = None
         self.started_before = started_before
+        self.own: set[int] = set()  # the launcher's children that are not the job's: guardian, fast start, agent
 
     # --- the job -----------------------------------------------------------------------------------
 
@@ -110,7 +114,7 @@ class Supervisor:
         _wait_for_threads()
         become_subreaper()
         guardian = start_guardian(self.listener, self.spec.store, self.workdir if self.temporary else None,
-                                  self.spec.store_allow)
+                                  self.spec.store_allow, run_dir=self.workdir)
         self.listener.close()  # the guardian serves it now
         self.sigfd = SignalFd([*self.spec.signals, STACKS_SIGNAL, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
@@ -119,6 +123,7 @@ class Supervisor:
         publish(record)
         try:
             starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console)
+            self.own = leftovers.children(os.getpid())
             self.procs = ProcessTable(guardian, starter, self.clock)
             if self.before_start is not None:
                 self.before_start()
@@ -162,6 +167,7 @@ class Supervisor:
                 self.console.message(failure_summary(result, attempt, self.spec.max_restarts, logs))
             if after_attempt(outcome, self.attempts) == "finish":
                 break
+            self._end_leftovers()
             self._say_restart(result, attempt)
         return job_code(outcome)
 
@@ -187,9 +193,18 @@ class Supervisor:
             f"of {self.spec.max_restarts} (TORCHELASTIC_RESTART_COUNT={attempt + 1})"
         )
 
+    def _end_leftovers(self) -> None:
+        """End what the attempt's ranks left running (leftovers.py): SIGTERM, the shutdown timeout, SIGKILL."""
+        workers = {w.pid for w in self.procs.workers} if self.procs is not None else set()
+        found = leftovers.leftovers(leftovers.snapshot(), os.getpid(), self.own | workers, self.workdir, os.getuid())
+        if found:
+            killed = leftovers.end(found, min(self.spec.shutdown_timeout, MAX_LEFTOVER_GRACE))
+            self.console.message(leftovers.describe(found, killed))
+
     def _finish(self) -> None:
         if self.procs is not None:
             self.procs.kill_all()
+            self._end_leftovers()
         if self.sigfd is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.sigfd)

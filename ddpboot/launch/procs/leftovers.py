@@ -1,0 +1,235 @@
+"""Processes a job leaves behind: a rank's daemon (`fork(); setsid(); fork()`), a server it started with
+`start_new_session=True`, anything that left the rank's process group and so outlives the group's signals.
+
+Two ways to find them, used together:
+
+- **The tree.** The launcher is a child subreaper (PR_SET_CHILD_SUBREAPER), so a process whose parent exits is
+  reparented to the launcher, however often it forked or changed session. After an attempt, every child of the
+  launcher that it did not start itself (the guardian, the fast-start process, the rendezvous agent, the ranks) is
+  something a rank left behind, with all its descendants.
+- **The mark.** Every rank's environment holds TORCHELASTIC_ERROR_FILE, a path inside the job's run directory, and
+  a child inherits it. A process of the launcher's user whose environment still holds a path under that directory
+  belongs to the job. This is what the guardian uses after the launcher was killed with SIGKILL: the leftovers are
+  then no longer in any tree of ours.
+
+What neither finds: a process that both cleared its environment (`env -i`, a daemon that rebuilds its environment)
+and left the launcher's tree before the launcher ended, or one that runs as another user. A process that another
+tool moved away (systemd-run, a container runtime) is found only by its mark.
+
+The decisions (`leftovers`, `describe`) are pure functions of a process table; `snapshot` reads the table from
+/proc and `end` signals through pidfds (a pid reused between the snapshot and the signal is never hit: the pidfd
+is opened only if the process's start time is still the one the snapshot saw).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpboot.contract import ERROR_FILE_VAR
+
+PROC = Path("/proc")
+_RANK_FILE = re.compile(r"rank(\d+)\.error\.json$")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    uid: int
+    start: int  # start time in clock ticks since boot (/proc/PID/stat field 22): a pid and this name a process
+    cmd: str  # its command line (the program's name and its arguments), or [comm] when it has none
+    error_file: str | None = None  # TORCHELASTIC_ERROR_FILE from its environment, when it has one and we may read it
+    zombie: bool = False
+
+
+def _stat(pid_dir: Path) -> tuple[int, int, str, bool] | None:
+    """(ppid, start time, comm, zombie) from /proc/PID/stat."""
+    try:
+        raw = (pid_dir / "stat").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    comm = raw[raw.find("(") + 1 : raw.rfind(")")]
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return int(fields[1]), int(fields[19]), comm, fields[0] == "Z"
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ_value(pid_dir: Path, name: str) -> str | None:
+    try:
+        raw = (pid_dir / "environ").read_bytes()
+    except OSError:
+        return None
+    key = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key) :].decode(errors="replace")
+    return None
+
+
+def read_proc(pid: int, proc: Path = PROC) -> Proc | None:
+    """One process as the table holds it; None when it is gone."""
+    pid_dir = proc / str(pid)
+    stat = _stat(pid_dir)
+    if stat is None:
+        return None
+    ppid, start, comm, zombie = stat
+    try:
+        uid = pid_dir.stat().st_uid
+        argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = [a.decode(errors="replace") for a in argv if a]
+    cmd = " ".join([os.path.basename(words[0]), *words[1:]]) if words else f"[{comm}]"
+    mine = uid == os.getuid()  # another user's environment is not ours to read (root could)
+    error_file = _environ_value(pid_dir, ERROR_FILE_VAR) if mine and not zombie else None
+    return Proc(pid, ppid, uid, start, cmd, error_file, zombie)
+
+
+def snapshot(proc: Path = PROC) -> dict[int, Proc]:
+    """Every process this user can see, by pid."""
+    table: dict[int, Proc] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit() and (p := read_proc(int(name), proc)) is not None:
+            table[p.pid] = p
+    return table
+
+
+def children(pid: int, proc: Path = PROC) -> set[int]:
+    """The pids whose parent is `pid` now."""
+    return {p.pid for p in snapshot(proc).values() if p.ppid == pid}
+
+
+def _descendants(table: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
+    by_parent: dict[int, list[int]] = {}
+    for p in table.values():
+        by_parent.setdefault(p.ppid, []).append(p.pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        todo.extend(by_parent.get(pid, ()))
+    return found
+
+
+def marked(table: Mapping[int, Proc], run_dir: Path, uid: int) -> set[int]:
+    """The processes of `uid` whose TORCHELASTIC_ERROR_FILE lies in `run_dir`: the job's, wherever they are."""
+    prefix = str(run_dir).rstrip("/") + "/"
+    return {p.pid for p in table.values()
+            if p.uid == uid and p.error_file is not None and p.error_file.startswith(prefix)}
+
+
+def leftovers(
+    table: Mapping[int, Proc], launcher: int, own: Iterable[int], run_dir: Path, uid: int
+) -> list[Proc]:
+    """What the job left running: the launcher's children it did not start (`own`: the guardian, the fast-start
+    process, the agent, the ranks) and their descendants, and every process marked with the run directory; never
+    the launcher, its ancestors' line or anything in `own` (or below it, except what carries the mark)."""
+    own = set(own)
+    kept = own | {launcher}
+    roots = {p.pid for p in table.values() if p.ppid == launcher and p.pid not in kept}
+    found = _descendants(table, roots) | marked(table, run_dir, uid)
+    return [table[pid] for pid in sorted(found - kept) if pid > 1]
+
+
+def rank_of(p: Proc) -> int | None:
+    """The rank whose environment the process inherited (its error file's name), when it has one."""
+    m = _RANK_FILE.search(p.error_file or "")
+    return int(m.group(1)) if m else None
+
+
+def _short(cmd: str, width: int = 72) -> str:
+    return cmd if len(cmd) <= width else cmd[: width - 1] + "…"
+
+
+def describe(found: list[Proc], killed: Iterable[int] = ()) -> str:
+    """One note: which ranks left which processes, and how each was ended."""
+    hard = set(killed)
+    by_rank: dict[int | None, list[Proc]] = {}
+    for p in found:
+        by_rank.setdefault(rank_of(p), []).append(p)
+    parts = []
+    for rank in sorted(by_rank, key=lambda r: (r is None, r or 0)):
+        procs = by_rank[rank]
+        who = f"rank {rank}" if rank is not None else "a rank"
+        listed = ", ".join(f"pid {p.pid} ({_short(p.cmd)})" for p in procs)
+        parts.append(f"{who} left {len(procs)} process{'es' if len(procs) > 1 else ''} running: {listed}")
+    how = "ended with SIGTERM" if not hard else (
+        "SIGKILL after the grace for " + ", ".join(f"pid {pid}" for pid in sorted(hard)))
+    return (f"ddpboot: {'; '.join(parts)}; {how} (a process a rank starts must end with it: "
+            "see 'Processes a rank leaves behind' in docs/reference.md)")
+
+
+def _open(p: Proc, proc: Path) -> int | None:
+    """A pidfd for the process the snapshot saw (None when it is gone, or its pid now names another process)."""
+    try:
+        fd = os.pidfd_open(p.pid)
+    except OSError:
+        return None
+    now = read_proc(p.pid, proc)
+    if now is None or now.start != p.start:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # ours when it was reparented to us; a zombie otherwise stays readable
+
+
+def _wait(fds: dict[int, int], deadline: float) -> None:
+    """Until every process of `fds` (pid: pidfd) exited, or the deadline; those exited are removed."""
+    while fds:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        ready, _, _ = select.select(list(fds.values()), [], [], left)
+        for pid in [pid for pid, fd in fds.items() if fd in ready]:
+            _reap(pid)
+            os.close(fds.pop(pid))
+
+
+def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.SIGTERM) -> list[int]:
+    """Send `first` to each process, SIGKILL to those still running after `grace` seconds; the pids that needed
+    SIGKILL. The launcher's own children among them are reaped."""
+    fds: dict[int, int] = {}
+    for p in found:
+        if p.zombie:
+            _reap(p.pid)
+            continue
+        fd = _open(p, proc)
+        if fd is None:
+            continue
+        try:
+            signal.pidfd_send_signal(fd, first)
+        except ProcessLookupError:
+            os.close(fd)
+            _reap(p.pid)
+            continue
+        fds[p.pid] = fd
+    _wait(fds, time.monotonic() + grace)
+    hard = sorted(fds)
+    for fd in fds.values():
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    _wait(fds, time.monotonic() + 5.0)
+    for fd in fds.values():
+        os.close(fd)
+    return hard if first != signal.SIGKILL else []
