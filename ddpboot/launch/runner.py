@@ -70,13 +70,34 @@ def block_early(signals: tuple[signal.Signals, ...]) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {*signals, STACKS_SIGNAL, signal.SIGCHLD})
 
 
-def stop_if_signalled() -> None:
-    """A stop signal that arrived while planning (blocked since block_early) ends the run before anything starts."""
+def stop_if_signalled(when: str = "before the start") -> None:
+    """A stop signal that arrived while planning or waiting (blocked since block_early) ends the run before anything
+    starts."""
     stops = STOP_SIGNALS & signal.sigpending()
     if stops:
         info = signal.sigtimedwait(stops, 0)
         if info is not None:
-            raise StoppedBeforeStart(info.si_signo, "before the start")
+            raise StoppedBeforeStart(info.si_signo, when)
+
+
+WAIT_NOTICE_AFTER = 5.0  # seconds a wait of the launcher lasts before it says what it waits for
+
+
+class WaitTicker:
+    """Called by a long wait of the launcher at least twice a second (the nodes' check-in): a stop signal ends the
+    wait (StoppedBeforeStart: 130 for SIGINT, 143 for SIGTERM), and once the wait has lasted WAIT_NOTICE_AFTER s it
+    says, once, what it waits for and how to end it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.since = clock()
+        self.said = False
+
+    def __call__(self, what: Callable[[], str]) -> None:
+        stop_if_signalled("while waiting for the other nodes")
+        if not self.said and self.clock() - self.since >= WAIT_NOTICE_AFTER:
+            self.said = True
+            say(f"{what()}; Ctrl-C (SIGINT) or SIGTERM ends the wait")
 
 
 def sleep_unless_stopped(seconds: float) -> None:
@@ -298,7 +319,7 @@ def _node_check(config: LaunchConfig, plan: Plan) -> Callable[[], None] | None:
 
     def check_in() -> None:
         check_nodes(nodes.master_addr, nodes.master_port or 0, nodes.nnodes, nodes.node_rank, len(plan.ranks),
-                    timeout=config.join_timeout, progress=say)
+                    timeout=config.join_timeout, tick=WaitTicker())
 
     return check_in
 

@@ -47,13 +47,18 @@ def check_nodes(
     local_world_size: int,
     timeout: float = DEFAULT_JOIN_TIMEOUT,
     host: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    tick: Callable[[Callable[[], str]], None] | None = None,
 ) -> None:
-    """Publish this node's size, wait for all `nnodes`, raise UsageError if they disagree or do not all come."""
+    """Publish this node's size, wait for all `nnodes`, raise UsageError if they disagree or do not all come.
+    `tick(what)` is called at least twice a second while waiting (it may raise to end the wait); `what()` says what
+    the wait is for."""
     host = host or socket.gethostname()
     where = f"{master_addr}:{master_port}"
+    _tick = _ticker(tick)
     try:
-        client = StoreClient(master_addr, master_port, connect_timeout=timeout)
+        client = StoreClient(master_addr, master_port, connect_timeout=timeout, tick=_tick(
+            lambda: f"node {node_rank} of {nnodes} waiting for node 0's store at {where} (node 0's launcher serves "
+                    f"it) for up to {timeout:g} s"))
     except StoreGone as exc:
         raise UsageError(
             f"node {node_rank}: no store answers at {where} ({exc}). Node 0's launcher serves it: start it with the "
@@ -64,10 +69,15 @@ def check_nodes(
             claims = client.add(f"{PREFIX}/{node_rank}/claims", 1)
             client.set(f"{PREFIX}/{node_rank}", f"{local_world_size} {host}")
             keys = [f"{PREFIX}/{r}" for r in range(nnodes)]
-            if progress is not None and not client.check(keys):
-                progress(f"node {node_rank} ({host}, {local_world_size} ranks) waiting for the other nodes at {where}")
+
+            def missing_nodes() -> str:
+                missing = [r for r in range(nnodes) if not client.check([f"{PREFIX}/{r}"])]
+                return (f"node {node_rank} of {nnodes} ({host}) waiting at {where} for node"
+                        f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} to join, for up to "
+                        f"{timeout:g} s (--rdzv-conf join_timeout=SECONDS)")
+
             try:
-                client.wait(keys, timeout)
+                client.wait(keys, timeout, tick=_tick(missing_nodes))
             except StoreTimeout:
                 missing = [r for r in range(nnodes) if not client.check([f"{PREFIX}/{r}"])]
                 claimed = [r for r in range(nnodes) if client.check([f"{PREFIX}/{r}/claims"])]
@@ -91,7 +101,8 @@ def check_nodes(
             client.set(f"{PREFIX}/{node_rank}/read", "1")
             if node_rank == 0:
                 with contextlib.suppress(StoreTimeout):
-                    client.wait([f"{PREFIX}/{r}/read" for r in range(nnodes)], READ_TIMEOUT)
+                    client.wait([f"{PREFIX}/{r}/read" for r in range(nnodes)], READ_TIMEOUT, tick=_tick(
+                        lambda: f"node 0 waiting for the other nodes to read the check-in at {where}"))
         except StoreGone as exc:
             raise UsageError(
                 f"node {node_rank}: the store at {where} went away while the nodes were checking in ({exc}); node 0's "
@@ -106,6 +117,17 @@ def check_nodes(
             "on every node (global rank = node rank × ranks per node + local rank). Give every node the same --nproc "
             "(e.g. the smallest count), or fix the GPUs the odd node sees (`ddpboot plan` on it shows why)."
         )
+
+
+def _ticker(
+    tick: Callable[[Callable[[], str]], None] | None,
+) -> Callable[[Callable[[], str]], Callable[[], None] | None]:
+    """The store client's tick for one wait: `tick` told what the wait is for (None without a tick)."""
+
+    def bind(what: Callable[[], str]) -> Callable[[], None] | None:
+        return None if tick is None else (lambda: tick(what))
+
+    return bind
 
 
 def _check_claims(dup: list[int], nnodes: int, where: str) -> None:

@@ -52,7 +52,8 @@ def reserve(
                 raise
             reason = str(exc)
             if reason != last_reason:
-                progress(f"waiting for GPUs: {reason}")
+                how_long = "" if wait == float("inf") else f" for up to {wait:g} s"
+                progress(f"waiting for GPUs{how_long} (Ctrl-C (SIGINT) or SIGTERM ends the wait): {reason}")
                 last_reason = reason
             sleep(min(poll, max(deadline - clock(), 0.0)))
             continue

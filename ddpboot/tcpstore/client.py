@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddpboot.tcpstore.protocol import (
     ADD,
@@ -37,6 +37,7 @@ from ddpboot.tcpstore.protocol import (
 )
 
 ANSWER_TIMEOUT = 30.0  # seconds a request waits for the store to take it and answer, unless told otherwise
+TICK = 0.5  # at most this many seconds pass between two calls of a long wait's `tick`
 
 
 class StoreGone(ConnectionError):
@@ -54,17 +55,22 @@ def _key(key: str | bytes) -> bytes:
 class StoreClient:
     """One connection to a TCPStore server. Not thread-safe: one request at a time, as the protocol is."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float = 30.0) -> None:
-        """Connect, retrying refused connections until `connect_timeout` (node 0's launcher may start later)."""
+    def __init__(
+        self, host: str, port: int, connect_timeout: float = 30.0, tick: Callable[[], None] | None = None
+    ) -> None:
+        """Connect, retrying refused connections until `connect_timeout` (node 0's launcher may start later);
+        `tick` is called between attempts, at least every TICK s (it may raise to end the wait)."""
         self.address = f"{host}:{port}"
         deadline = time.monotonic() + connect_timeout
         last: OSError | None = None
         while True:
+            if tick is not None:
+                tick()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StoreGone(f"cannot connect to the store at {self.address} within {connect_timeout:g} s ({last})")
             try:
-                self.sock = socket.create_connection((host, port), timeout=min(left, 5.0))
+                self.sock = socket.create_connection((host, port), timeout=min(left, TICK if tick else 5.0))
                 break
             except OSError as exc:  # refused (not listening yet), unreachable, or timed out: retry until the deadline
                 last = exc
@@ -129,9 +135,25 @@ class StoreClient:
         self._send(U8.pack(CHECK) + vecs(_key(k) for k in keys))
         return self._recv_u8(timeout) == READY
 
-    def wait(self, keys: Sequence[str | bytes], timeout: float) -> None:
+    def wait(self, keys: Sequence[str | bytes], timeout: float, tick: Callable[[], None] | None = None) -> None:
         """Block until every key exists; StoreTimeout after `timeout` seconds (the wait is then cancelled on the
-        server, so the connection stays usable)."""
+        server, so the connection stays usable). With `tick`, the wait is cut into waits of TICK s with a call of
+        `tick` after each (it may raise to end the wait)."""
+        if tick is None:
+            self._wait(keys, timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            tick()
+            left = deadline - time.monotonic()
+            try:
+                self._wait(keys, max(min(left, TICK), 0.0))
+                return
+            except StoreTimeout:
+                if left <= TICK:
+                    raise
+
+    def _wait(self, keys: Sequence[str | bytes], timeout: float) -> None:
         self._send(U8.pack(WAIT) + vecs(_key(k) for k in keys))
         try:
             answer = self._recv_u8(timeout)

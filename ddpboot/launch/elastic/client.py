@@ -27,6 +27,7 @@ from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.procs.spawn import spawn
 
 WATCH_REPLY_WAIT = 1.0  # how long a "nodes waiting?" poll waits for its answer before carrying on without it
+NOTICE_AFTER = 5.0  # seconds a wait for the next round lasts before the launcher says what it waits for
 ANSWER_MARGIN = 60.0  # seconds the agent gets beyond a request's own work to answer it
 AGENT_EXIT_WAIT = 5.0  # seconds the agent gets to exit after "quit" before SIGKILL
 
@@ -97,11 +98,16 @@ class RdzvAgent:
         """Until the agent holds torch's rendezvous handler; AgentError if it cannot make one."""
         self._reply("start", None, sigfd)
 
-    def next_round(self, sigfd: SignalFd, *, nproc: int, host: str, addr: str, port: int) -> Round:
+    def next_round(
+        self, sigfd: SignalFd, *, nproc: int, host: str, addr: str, port: int, notice: str | None = None
+    ) -> Round:
         """Join the next round with this node's `nproc` ranks on `host`; `addr`:`port` is the workers' store this
-        node serves if it becomes group rank 0."""
+        node serves if it becomes group rank 0. `notice` is said once if the round takes more than NOTICE_AFTER s."""
         # An unanswered "waiting" of the last round is dropped when its answer comes.
-        return Round.from_json(self._request("next", sigfd, nproc=nproc, host=host, addr=addr, port=port))
+        self._send("next", nproc=nproc, host=host, addr=addr, port=port)
+        msg = self._reply("next", None, sigfd, notice)
+        assert msg is not None  # no deadline: an answer, an AgentError or Stopped
+        return Round.from_json(msg)
 
     def nodes_waiting(self) -> int | None:
         """How many nodes wait to join; None when the agent has not answered yet (asked again next time)."""
@@ -123,10 +129,15 @@ class RdzvAgent:
         self._request("close", sigfd, timeout=ANSWER_MARGIN)
 
     def quit(self) -> None:
-        """Stop the agent (without closing the rendezvous) and reap it."""
+        """Stop the agent (without closing the rendezvous) and reap it. An agent inside a request (a stop signal
+        ended the launcher's wait for the next round) is in torch's blocking rendezvous call and cannot read "quit":
+        it gets SIGTERM at once."""
         with contextlib.suppress(OSError):
             self.sock.sendall(b'{"cmd": "quit"}\n')
         self.sock.close()
+        if self.pending is not None and not self.gone:
+            with contextlib.suppress(OSError):
+                signal_process(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + AGENT_EXIT_WAIT
         while True:
             try:
@@ -160,9 +171,13 @@ class RdzvAgent:
             raise AgentError(f"the rendezvous agent did not answer {cmd!r} within {timeout:g} s", "agent")
         return msg
 
-    def _reply(self, cmd: str, timeout: float | None, sigfd: SignalFd | None = None) -> dict[str, Any] | None:
-        """The answer to `cmd` (older answers are dropped), None after `timeout` s; Stopped on a stop signal."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _reply(
+        self, cmd: str, timeout: float | None, sigfd: SignalFd | None = None, notice: str | None = None
+    ) -> dict[str, Any] | None:
+        """The answer to `cmd` (older answers are dropped), None after `timeout` s; Stopped on a stop signal.
+        `notice` is said once when no answer came within NOTICE_AFTER s."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         with selectors.DefaultSelector() as sel:
             sel.register(self.sock, selectors.EVENT_READ, "agent")
             if sigfd is not None:
@@ -171,7 +186,13 @@ class RdzvAgent:
                 msg = self._answer(cmd)
                 if msg is not None:
                     return msg
-                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                now = time.monotonic()
+                if notice is not None and now - start >= NOTICE_AFTER:
+                    self.console.message(f"ddpboot: {notice}")
+                    notice = None
+                left = None if deadline is None else max(deadline - now, 0.0)
+                if notice is not None:
+                    left = min(left if left is not None else NOTICE_AFTER, max(start + NOTICE_AFTER - now, 0.0))
                 events = sel.select(left)
                 if not events and deadline is not None and time.monotonic() >= deadline:
                     return None

@@ -23,6 +23,7 @@ from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
+from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
 from ddpboot.nodes.static import NodeSetup
 from ddpboot.selection.planner import Plan
 
@@ -43,7 +44,9 @@ class RendezvousAgent(Protocol):
 
     def wait_ready(self, sigfd: SignalFd) -> None: ...
 
-    def next_round(self, sigfd: SignalFd, *, nproc: int, host: str, addr: str, port: int) -> Round: ...
+    def next_round(
+        self, sigfd: SignalFd, *, nproc: int, host: str, addr: str, port: int, notice: str | None = None
+    ) -> Round: ...
 
     def nodes_waiting(self) -> int | None: ...
 
@@ -136,6 +139,13 @@ class ElasticDriver:
         finally:
             agent.quit()
 
+    def _notice(self) -> str:
+        """What a long wait for the next round says (once, after a few seconds)."""
+        timeout = self.conf.get("join_timeout", f"{DEFAULT_JOIN_TIMEOUT:g}")
+        return (f"waiting for {self.nodes.min_nodes} to {self.nodes.max_nodes} nodes at the rendezvous "
+                f"{self.endpoint} (run id {self.run_id}), for up to {timeout} s (--rdzv-conf join_timeout=SECONDS); "
+                "Ctrl-C (SIGINT) or SIGTERM ends the wait")
+
     def _start(self, agent: RendezvousAgent) -> int | None:
         """None once the agent holds torch's rendezvous handler; otherwise the exit code (nothing was started)."""
         with signal_reader(self.spec.signals) as sigfd:
@@ -193,7 +203,7 @@ class ElasticDriver:
                 self.say(f"joining the rendezvous at {self.endpoint} (run id {self.run_id}, "
                          f"{self.nodes.min_nodes}-{self.nodes.max_nodes} nodes, {plural(nlocal, 'rank')} here)")
                 rnd = agent.next_round(sigfd, nproc=nlocal, host=socket.gethostname(), addr=self.store_addr,
-                                       port=int(listener.getsockname()[1]))
+                                       port=int(listener.getsockname()[1]), notice=self._notice())
         except BaseException:
             listener.close()
             raise

@@ -74,7 +74,7 @@ def test_waiting_starts_when_gpus_are_released(lockdir: Path) -> None:
         sleep=sleep,
     )
     assert len(plan.ranks) == 3 and locks is not None
-    assert said and said[0].startswith("waiting for GPUs:") and "locked by" in said[0]
+    assert said and said[0].startswith("waiting for GPUs for up to ") and "locked by" in said[0]
     locks.release()
 
 
