@@ -36,9 +36,27 @@ def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs
     others = [w for w in result.workers if w is not root]
     if others:
         lines.append("  other ranks: " + "; ".join(f"rank {w.slot.rank}: {_how_it_ended(w)}" for w in others))
+    lines.extend(_left_early(root, others))
     if logs is not None:
         lines.append(f"  logs: {logs}")
     return "\n".join(lines)
+
+
+def _left_early(root: Worker, others: Sequence[Worker]) -> list[str]:
+    """Ranks that ended with exit code 0 while the job failed: one that leaves early makes the ranks still in a
+    collective fail with it, so the failure the summary names is often its consequence."""
+    early = [w for w in others if w.status is not None and w.code == 0]
+    if not early:
+        return []
+    names = ", ".join(str(w.slot.rank) for w in early)
+    first = min(early, key=lambda w: w.ended or 0.0)
+    when = ""
+    if first.ended is not None and root.ended is not None and first.ended < root.ended:
+        when = f", {root.ended - first.ended:.2f} s before rank {root.slot.rank} failed"
+    return [f"  note: rank{'s' if len(early) > 1 else ''} {names} exited 0{when}, while the job failed. A rank that "
+            "ends early (a rank-dependent return, break or exit) makes the ranks still in a collective fail "
+            "('Connection closed by peer', a timeout): look at why "
+            f"rank{'s' if len(early) > 1 else ''} {names} ended first."]
 
 
 def _root_output(root: Worker) -> list[str]:

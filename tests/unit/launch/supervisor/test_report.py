@@ -64,3 +64,15 @@ def test_rank_isolation_hides_gpus_only_when_ranks_see_fewer_than_selected() -> 
     assert not rank_isolated_gpus(plan(nproc="2", cpu=True))  # type: ignore[arg-type]
     text = no_join_report(plan(nproc="2", gpus_per_proc=2))  # type: ignore[arg-type]
     assert "returns 2 in every rank, not 4" in text and "its own GPUs" in text and "all 4 selected" in text
+
+
+def test_ranks_that_exited_0_while_the_job_failed_are_named_with_how_long_before(tmp_path: Path) -> None:
+    root = worker(0, 1 << 8, tmp_path)
+    early, late, running = worker(1, 0, tmp_path), worker(2, 0, tmp_path), worker(3, None, tmp_path)
+    early.ended, late.ended = 2.25, 4.0
+    text = failure_summary(AttemptResult(1, root, workers=[root, early, late, running]), 0, 0, None)
+    [note] = [ln for ln in text.splitlines() if ln.startswith("  note:")]
+    assert note.startswith("  note: ranks 1, 2 exited 0, 1.25 s before rank 0 failed, while the job failed.")
+    assert note.endswith("look at why ranks 1, 2 ended first.")
+    killed = worker(1, 15, tmp_path)
+    assert "note:" not in failure_summary(AttemptResult(1, root, workers=[root, killed, running]), 0, 0, None)
