@@ -29,6 +29,19 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _print_completion(ctx: typer.Context, value: str | None) -> None:
+    if value is not None:  # eager, as --version: SCRIPT is not needed; cli/run.py prints the script and exits
+        importlib.import_module("ddpboot.cli.run").print_completion(ctx, value)
+
+
+PrintCompletionOption = Annotated[
+    str | None,
+    typer.Option("--print-completion", is_eager=True, callback=_print_completion, rich_help_panel=_PROG,
+                 metavar="SHELL", show_default=False,
+                 help="Print a completion script for bash, zsh, tcsh or fish and exit, e.g. "
+                 "`eval \"$(ddpboot --print-completion bash)\"` in ~/.bashrc (as torchrun's)."),
+]
+
 VersionOption = Annotated[
     bool,
     typer.Option("--version", is_eager=True, callback=_print_version, rich_help_panel=_PROG,
@@ -158,13 +171,17 @@ SignalsToHandleOption = Annotated[
 StartMethodOption = Annotated[
     str,
     typer.Option("--start-method", "--start_method", envvar="PET_START_METHOD", rich_help_panel=_TORCHRUN,
-                 help="torchrun's spawn, fork or forkserver; accepted. Scripts always start as fresh processes "
-                 "(fork+exec), as under torchrun."),
+                 help="torchrun's spawn, fork or forkserver: checked, and changes nothing. torchrun too starts a "
+                 "script, module or program as a fresh process whatever it says (it uses it for --run-path only); "
+                 "every ddpboot worker is a fresh process (fork+exec), as spawn's are. --fast-start forks ranks "
+                 "from one process that imported torch."),
 ]
 
 RoleOption = Annotated[
     str,
-    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_TORCHRUN, help="ROLE_NAME given to the workers."),
+    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_TORCHRUN,
+                 help="ROLE_NAME given to the workers, and `${role_name}` in --log-line-prefix-template. As under "
+                 "torchrun, it names no file."),
 ]
 
 WaitForGpusOption = Annotated[
@@ -192,14 +209,16 @@ RedirectsOption = Annotated[
     str | None,
     typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_TORCHRUN,
                  help="Streams sent to the log files only, not the console: 0 none, 1 stdout, 2 stderr, 3 both; "
-                 "per local rank as 0:3,10:2. Needs --log-dir."),
+                 "per local rank as 0:3,10:2. Without --log-dir the files go under $TMPDIR/ddpboot-logs-UID "
+                 "(kept; the launcher names the run's directory)."),
 ]
 
 TeeOption = Annotated[
     str | None,
     typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_TORCHRUN,
-                 help="Streams written to the log files and shown (same form as --redirects). With --log-dir and "
-                 "neither -r nor -t, both streams of every rank are written and shown."),
+                 help="Streams written to the log files and shown (same form as --redirects; without --log-dir, "
+                 "files as there). With --log-dir and neither -r nor -t, both streams of every rank are written and "
+                 "shown."),
 ]
 
 LocalRanksFilterOption = Annotated[
@@ -219,6 +238,16 @@ NoPrefixOption = Annotated[
     bool,
     typer.Option("--no-prefix", envvar="DDPBOOT_NO_PREFIX", rich_help_panel=_OUT,
                  help="Do not prefix console lines with \\[rankG]:."),
+]
+
+LogLinePrefixTemplateOption = Annotated[
+    str | None,
+    typer.Option("--log-line-prefix-template", "--log_line_prefix_template",
+                 envvar=["PET_LOG_LINE_PREFIX_TEMPLATE", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"], rich_help_panel=_OUT,
+                 metavar="TEMPLATE", show_default=False,
+                 help="What begins each console line instead of \\[rankG]: , from ${rank}, ${local_rank}, "
+                 "${node_rank}, ${role_name} (--role) and ${hostname}, e.g. '${hostname}:${rank}: ' (torchrun's, "
+                 "with ${node_rank}); used as written, spaces included."),
 ]
 
 VirtualLocalRankOption = Annotated[
@@ -295,10 +324,12 @@ RUN_PARAMS = [
     _param("local_ranks_filter", LocalRanksFilterOption, None),
     _param("ranks_filter", RanksFilterOption, None),
     _param("no_prefix", NoPrefixOption, False),
+    _param("log_line_prefix_template", LogLinePrefixTemplateOption, None),
     _param("virtual_local_rank", VirtualLocalRankOption, False),
     _param("dry_run", DryRunOption, False),
     _param("as_json", JsonOption, False),
     _param("version", VersionOption, False),
+    _param("print_completion", PrintCompletionOption, None),
     *(_param(name, annotation, None) for name, annotation in REFUSED.items()),
 ]
 """The run command's own options, named as RunOptions' fields (launch/config.py), in the order --help shows them

@@ -9,7 +9,9 @@ nothing started):
 1. torchrun options ddpboot refuses, by name, with what to use instead;
 2. what SCRIPT is (`-m`, `--no-python`, `--run-path`) and options that contradict each other;
 3. the values that need nothing else: store backend, signals, durations, restarts, start method, rendezvous
-   settings (`--rdzv-conf`, once), the preloads' syntax, the output options, `--wait-for-gpus`;
+   settings (`--rdzv-conf`, once), the preloads' syntax, the output options (-r/-t, which without --log-dir write
+   under the temporary log base, logs.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
+   or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`;
 4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
    a DNS lookup of at most 5 s), the store's address and allow-list, the run id;
 5. the program: the interpreter (PYTHON_EXEC), the script, module or binary, the preloaded modules;
@@ -26,6 +28,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,11 +37,13 @@ from pathlib import Path
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
 from ddpboot.launch.faststart import supports as fast_start_supports
+from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     check_log_dir,
     check_preloads,
     check_rank_filter,
+    parse_prefix_template,
     parse_preloads,
     parse_rank_list,
     parse_rdzv_conf,
@@ -50,7 +55,17 @@ from ddpboot.launch.options import (
     target_kind,
 )
 from ddpboot.launch.preflight import check_python, check_rank_count, check_target
-from ddpboot.launch.spec import LogMode, Routing, Std, StdSpec, StoreBackend, Target, parse_log_mode
+from ddpboot.launch.spec import (
+    DEFAULT_PREFIX_TEMPLATE,
+    LinePrefix,
+    LogMode,
+    Routing,
+    Std,
+    StdSpec,
+    StoreBackend,
+    Target,
+    parse_log_mode,
+)
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
 from ddpboot.nodes.static import NodeSetup
@@ -113,6 +128,7 @@ class RunOptions:
     local_ranks_filter: str | None = None
     ranks_filter: str | None = None
     no_prefix: bool = False
+    log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
     dry_run: bool = False
     refused: Mapping[str, str | None] = field(default_factory=dict)  # torchrun options ddpboot refuses, as given
@@ -123,12 +139,12 @@ class RunOptions:
 class OutputConfig:
     """Where workers' output goes: -r/--redirects, -t/--tee, --log-dir, the rank filters and the line prefix."""
 
-    log_dir: Path | None = None
+    log_dir: Path | None = None  # --log-dir, or the temporary log base where -r/-t write without it
     redirects: StdSpec | None = None
     tee: StdSpec | None = None
     local_ranks: frozenset[int] | None = None  # --local-ranks-filter; None: every local rank is shown
     global_ranks: frozenset[int] | None = None  # --ranks-filter
-    prefix: bool = True
+    prefix: LinePrefix | None = field(default_factory=LinePrefix)  # None: --no-prefix
     log_mode: LogMode = LogMode.PRIVATE  # --log-mode: who may read the run directory and its files
 
     @classmethod
@@ -141,27 +157,29 @@ class OutputConfig:
         ranks_filter: str | None,
         prefix: bool,
         log_mode: str = LogMode.PRIVATE.value,
+        template: str | None = None,
+        role: str = "default",
     ) -> OutputConfig:
-        """From the options as typed; the rank filters are checked against the plan later, in `routing`."""
+        """From the options as typed; the rank filters are checked against the plan later, in `routing`. -r/-t
+        that write files without --log-dir write them under the temporary log base, as torchrun writes them to a
+        temporary directory; an empty template is ddpboot's own prefix, as torchrun's is its own."""
         red = parse_std(redirects, "--redirects") if redirects is not None else None
         teed = parse_std(tee, "--tee") if tee is not None else None
         writes = [s for s in (red, teed) if s is not None and s != Std.NONE]
-        if writes and not log_dir:
-            raise UsageError(
-                "-r/--redirects and -t/--tee write worker output to files, which needs --log-dir DIR (torchrun would "
-                "use a temporary directory and leave it behind)."
-            )
         if log_dir:
             check_log_dir(Path(log_dir))
+        base = Path(log_dir) if log_dir else temporary_log_base() if writes else None
         progress_interval(os.environ)  # DDPBOOT_PROGRESS_INTERVAL, checked before anything starts (logs.Console)
+        line = LinePrefix(parse_prefix_template(template) if template else DEFAULT_PREFIX_TEMPLATE, role,
+                          socket.gethostname())
         return cls(
-            log_dir=Path(log_dir) if log_dir else None,
+            log_dir=base,
             log_mode=parse_log_mode(log_mode),
             redirects=red,
             tee=teed,
             local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
             global_ranks=parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter else None,
-            prefix=prefix,
+            prefix=line if prefix else None,
         )
 
     def routing(self, plan: Plan) -> Routing:
@@ -275,8 +293,10 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             raise UsageError(f"--start-method {o.start_method!r}: torchrun's choices are spawn, fork and forkserver.")
         conf = parse_rdzv_conf(o.rdzv_conf)
         preloads = parse_preloads(o.preload, o.fast_start)
+        if o.no_prefix and o.log_line_prefix_template and "--log-line-prefix-template" not in o.from_env:
+            raise UsageError("--no-prefix and --log-line-prefix-template contradict each other: drop one.")
         output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
-                                    not o.no_prefix, o.log_mode)
+                                    not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role)
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
         planned = build_plan(o.selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
                              ranks_filter=o.ranks_filter, from_env=o.from_env)

@@ -7,6 +7,10 @@ redraw goes to the Console at once, not waiting for a newline, and the Console d
 throttles it in a pipe or file (bars.py); the newline that ends the bar leaves its final state as an ordinary line.
 Other text without a terminator waits for one (or for the end of the stream) so that it is not split across lines.
 
+Each console line begins with its rank's prefix (`[rankG]: `, or what `--log-line-prefix-template` makes of it,
+spec.LinePrefix), once: a line that already begins with the rank's `[rankG]: ` (torch.distributed's excepthook
+prefixes every traceback line so) has that replaced by the prefix, not doubled.
+
 Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
 are written unbuffered, so what a worker printed before dying is on disk even if the launcher is killed next.
 
@@ -16,6 +20,11 @@ directory (--log-dir BASE/RUN_ID) and every attempt_N directory are made 0700 an
 the files the ranks themselves write there (TORCHELASTIC_ERROR_FILE through torch's @record, and the exit mark
 beside it) get the ranks' umask, and the 0700 directories above them are what keeps other users out. BASE itself
 keeps its mode: it may be a directory the user shares on purpose (a team's log directory).
+
+Without --log-dir, -r/-t still write files, as torchrun's do (it writes them under a fresh `torchelastic_*` temporary
+directory and leaves it behind, unnamed): BASE is then the user's own `$TMPDIR/ddpboot-logs-UID` (temporary_log_base),
+kept after the run and named on the console like any run directory. It is made 0700 and must stay the user's and
+writable by no one else: a directory of that name that another user made first is refused, not written into.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import contextlib
 import errno
 import json
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -176,13 +187,14 @@ class RankStream:
         stream: Std,
         console: Console | None,
         file: LogFile | None,
-        prefix: bool = True,
+        prefix: bool | bytes = True,
     ) -> None:
         self.rank = rank
         self.stream = stream
         self.console = console
         self.file = file
-        self.prefix = f"[rank{rank}]: ".encode() if prefix else b""
+        self.own = f"[rank{rank}]: ".encode()  # ddpboot's default prefix, and torch's on a rank's tracebacks
+        self.prefix = prefix if isinstance(prefix, bytes) else self.own if prefix else b""
         self.pending = bytearray()
         self.at_line_start = True  # for the console: the next ordinary piece needs the prefix
         self.after_cr = False  # the last terminator was \r: the line is a progress bar being redrawn
@@ -241,8 +253,12 @@ class RankStream:
                 self._line_piece(self.console, piece)
 
     def _line_piece(self, console: Console, piece: bytes) -> None:
-        """Ordinary output: whole lines, or a part of a very long one."""
+        """Ordinary output: whole lines, or a part of a very long one. A line that begins with this rank's own
+        `[rankR]: ` already (torch.distributed's excepthook writes every traceback line so; a script may too) gets
+        the console prefix instead of it, not in front of it: one prefix per line."""
         head = self.prefix if self.at_line_start else b""
+        if head and piece.startswith(self.own):
+            piece = piece[len(self.own):]
         if piece.endswith(b"\r"):  # after a part of a long line: the rest of it is a bar
             console.write(self, head + piece[:-1] + b"\n", leaves_open=False)
             self.at_line_start, self.after_cr = True, True
@@ -309,9 +325,33 @@ def read_error_file(path: str | Path) -> str | None:
     return None
 
 
+def temporary_log_base() -> Path:
+    """Where -r/-t write without --log-dir: the user's own directory in the temporary directory (module docstring)."""
+    return Path(tempfile.gettempdir()) / f"ddpboot-logs-{os.getuid()}"
+
+
+def _own_base(base: Path) -> None:
+    """The temporary log base exists as a real directory of this user's that no one else can write into."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o700)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise UsageError(f"-r/--redirects and -t/--tee without --log-dir write under {base}, which cannot be made "
+                         f"({exc.strerror}). Give --log-dir DIR.") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UsageError(
+            f"-r/--redirects and -t/--tee without --log-dir write under {base}, but that is not a directory of yours "
+            "that only you can write (another user may have made it). Give --log-dir DIR, or remove it."
+        )
+
+
 def run_dir(base: Path, run_id: str, mode: LogMode = LogMode.PRIVATE) -> Path:
     """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten. BASE keeps the
-    mode it has (or gets the umask's when created); RUN_ID gets `mode`'s."""
+    mode it has (or gets the umask's when created); RUN_ID gets `mode`'s. The temporary log base (-r/-t without
+    --log-dir) is checked to be the user's own first."""
+    if base == temporary_log_base():
+        _own_base(base)
     try:
         base.mkdir(parents=True, exist_ok=True)
         for n in range(10000):

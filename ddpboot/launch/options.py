@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 import signal
+import string
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import is_module_name
-from ddpboot.launch.spec import Std, StdSpec, StoreBackend, TargetKind
+from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec, StoreBackend, TargetKind
 
 _STD_HELP = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank as RANK:VALUE pairs (0:3,10:2)"
 
@@ -49,6 +50,23 @@ def resolve_std(spec: StdSpec, nlocal: int, option: str) -> dict[int, Std]:
             f"runs {nlocal} rank{'s' if nlocal != 1 else ''} (local ranks 0-{nlocal - 1})."
         )
     return {r: spec.get(r, Std.NONE) for r in range(nlocal)}
+
+
+def parse_prefix_template(text: str, option: str = "--log-line-prefix-template") -> str:
+    """torchrun's line prefix template (string.Template: `${name}` or `$name`, `$$` for a `$`), over PREFIX_FIELDS.
+    torchrun leaves a name it does not know as it is; here it is an error, so that a typo (`${local_rnak}`) is seen
+    before the job runs rather than on every line."""
+    names = ", ".join(f"${{{n}}}" for n in PREFIX_FIELDS)
+    template = string.Template(text)
+    if not template.is_valid():
+        raise UsageError(f"{option} {text!r}: a '$' that begins no ${{name}}; write $$ for a '$' of its own. The "
+                         f"names are {names}.")
+    unknown = [n for n in template.get_identifiers() if n not in PREFIX_FIELDS]
+    if unknown:
+        raise UsageError(f"{option} {text!r}: unknown name{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(f'${{{n}}}' for n in unknown)}; a prefix can use {names} "
+                         f"(e.g. {option} '${{hostname}}:${{rank}}: ').")
+    return text
 
 
 def parse_rank_list(text: str, option: str) -> frozenset[int]:
@@ -143,9 +161,11 @@ def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
 
 # torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).
 REFUSED_TORCHRUN_OPTIONS = {
-    "--numa-binding": "ddpboot does not bind ranks to NUMA nodes as torchrun does; it binds each rank to the CPU "
-    "cores near its GPU by default (--cpu-affinity auto). Drop --numa-binding, or choose cores with "
-    "--cpu-affinity LIST.",
+    "--numa-binding": "ddpboot has no NUMA policies (node, socket, exclusive, core-complex) and binds no memory; "
+    "torchrun's assume that local rank N drives GPU N, which ddpboot's choice of GPUs breaks. ddpboot binds each rank "
+    "to the CPU cores near its own GPU by default (--cpu-affinity auto, shown by `ddpboot plan`), split among the "
+    "ranks that share them. Drop --numa-binding, or choose cores with --cpu-affinity LIST (one list per rank: "
+    "0-7;8-15).",
     "--logs-specs": "ddpboot has no LogsSpecs plugins; it writes each rank's output to --log-dir DIR "
     "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
     "--logs-specs.",

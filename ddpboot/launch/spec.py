@@ -1,12 +1,13 @@
-"""What to launch, as plain data: the entry point (Target), where output goes (Std, Routing), who may read the logs
-(LogMode), and what every attempt shares (LaunchSpec), with where a supervisor writes (RunDir) and what it watches
-(Watch). The runner (launch/runner.py) builds the LaunchSpec from the LaunchConfig and the plan; the supervisor
-turns it into processes."""
+"""What to launch, as plain data: the entry point (Target), where output goes (Std, Routing, LinePrefix), who may
+read the logs (LogMode), and what every attempt shares (LaunchSpec), with where a supervisor writes (RunDir) and what
+it watches (Watch). The runner (launch/runner.py) builds the LaunchSpec from the LaunchConfig and the plan; the
+supervisor turns it into processes."""
 
 from __future__ import annotations
 
 import os
 import signal
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, IntFlag
@@ -73,20 +74,48 @@ class Target:
     args: tuple[str, ...] = ()
 
 
+PREFIX_FIELDS = ("rank", "local_rank", "node_rank", "role_name", "hostname")
+"""The names a line prefix template may use (`--log-line-prefix-template`): torchrun's four and `node_rank`."""
+
+DEFAULT_PREFIX_TEMPLATE = "[rank${rank}]: "
+"""ddpboot's own prefix, `[rank3]: `, by global rank."""
+
+
+@dataclass(frozen=True)
+class LinePrefix:
+    """What begins each console line of a rank: a template over PREFIX_FIELDS (checked when parsed, in
+    options.parse_prefix_template), with the job's role and this host's name filled in; the ranks' own fields are
+    filled in per worker, since an elastic round renumbers them."""
+
+    template: str = DEFAULT_PREFIX_TEMPLATE
+    role_name: str = "default"
+    hostname: str = ""
+
+    def render(self, rank: int, local_rank: int, node_rank: int) -> bytes:
+        text = string.Template(self.template).substitute(
+            rank=rank, local_rank=local_rank, node_rank=node_rank, role_name=self.role_name, hostname=self.hostname)
+        return text.encode(errors="replace")
+
+
 @dataclass(frozen=True)
 class Routing:
     """Where each local rank's stdout/stderr go. `files[r]`: streams written to the rank's log file;
-    `console[r]`: streams shown on the launcher's console (after the rank filters)."""
+    `console[r]`: streams shown on the launcher's console (after the rank filters); `prefix`: what begins each
+    console line (None: nothing, `--no-prefix`)."""
 
     files: dict[int, Std] = field(default_factory=dict)
     console: dict[int, Std] = field(default_factory=dict)
-    prefix: bool = True
+    prefix: LinePrefix | None = field(default_factory=LinePrefix)
 
     def to_file(self, local_rank: int, stream: Std) -> bool:
         return bool(self.files.get(local_rank, Std.NONE) & stream)
 
     def to_console(self, local_rank: int, stream: Std) -> bool:
         return bool(self.console.get(local_rank, Std.ALL) & stream)
+
+    def line_prefix(self, rank: int, local_rank: int, node_rank: int) -> bytes:
+        """The console prefix of one worker (b"" without one)."""
+        return b"" if self.prefix is None else self.prefix.render(rank, local_rank, node_rank)
 
 
 @dataclass(frozen=True)

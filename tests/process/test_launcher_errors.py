@@ -45,7 +45,6 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("-m with --no-python", lambda t: ["-m", "--no-python", "json.tool"], "contradict"),
     ("unknown GPU", lambda t: ["--gpus", "5", BEHAVE], "GPU 5 does not exist"),
     ("more ranks than GPUs", lambda t: ["--nproc", "3", BEHAVE], "need 3 free GPUs"),
-    ("-r without --log-dir", lambda t: ["-r", "3", BEHAVE], "needs --log-dir"),
     ("-t naming a missing rank", lambda t: ["--log-dir", str(t / "l"), "-t", "5:1", BEHAVE], "names local rank 5"),
     ("-r malformed", lambda t: ["--log-dir", str(t / "l"), "-r", "0:7", BEHAVE], "is not RANK:VALUE"),
     ("uncatchable signal", lambda t: ["--signals-to-handle", "SIGKILL", BEHAVE], "cannot be handled"),

@@ -136,7 +136,7 @@ def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_d
             slot.rank, which,
             setup.console if routing.to_console(slot.local_rank, which) else None,
             log if routing.to_file(slot.local_rank, which) else None,
-            prefix=routing.prefix,
+            prefix=routing.line_prefix(slot.rank, slot.local_rank, setup.plan.node_rank),
         )
 
     own = worker_vars(setup.plan, slot, ctx, setup.base_env, str(error_file))

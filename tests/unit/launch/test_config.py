@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.config import NodeOptions, OutputConfig, RunOptions, SelectionOptions, build
+from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     REFUSED_TORCHRUN_OPTIONS,
     check_preloads,
@@ -41,9 +43,9 @@ def test_routing_follows_torchruns_redirect_and_tee_rules() -> None:
     assert (r.files[1], r.console[1]) == (Std.ALL, Std.ALL)
     assert (r.files[2], r.console[2]) == (Std.NONE, Std.ALL)
     # Filters: local rank 1 and global rank 2 → nothing shown (both must pass).
-    r = OutputConfig(local_ranks=frozenset({1, 2}), global_ranks=frozenset({2}), prefix=False).routing(p)
+    r = OutputConfig(local_ranks=frozenset({1, 2}), global_ranks=frozenset({2}), prefix=None).routing(p)
     assert [r.console[i] for i in range(3)] == [Std.NONE, Std.NONE, Std.ALL]
-    assert r.prefix is False
+    assert r.prefix is None and r.line_prefix(2, 2, 0) == b""
 
 
 def test_routing_checks_the_filters_and_maps_against_the_plan() -> None:
@@ -57,13 +59,37 @@ def test_routing_checks_the_filters_and_maps_against_the_plan() -> None:
 
 def test_output_options_parse() -> None:
     out = OutputConfig.parse("logs", "0:1", "3", "0,1", None, prefix=False)
-    assert out == OutputConfig(Path("logs"), {0: Std.OUT}, Std.ALL, frozenset({0, 1}), None, False)
-    assert OutputConfig.parse(None, "0", None, None, None, True).redirects == Std.NONE  # writes nothing: no dir
-    for redirects, tee in (("3", None), (None, "0:2")):
-        with pytest.raises(UsageError, match="-r/--redirects and -t/--tee write worker output to files"):
-            OutputConfig.parse(None, redirects, tee, None, None, True)
+    assert out == OutputConfig(Path("logs"), {0: Std.OUT}, Std.ALL, frozenset({0, 1}), None, None)
+    none = OutputConfig.parse(None, "0", "0", None, None, True)  # writes nothing: no directory
+    assert none.redirects == Std.NONE and none.log_dir is None
     with pytest.raises(UsageError, match="--ranks-filter 'x'"):
         OutputConfig.parse(None, None, None, None, "x", True)
+
+
+@pytest.mark.parametrize(("redirects", "tee"), [("3", None), (None, "3"), (None, "0:2"), ("0", "1")])
+def test_redirects_and_tee_without_a_log_dir_write_under_the_temporary_log_base(redirects: str | None,
+                                                                               tee: str | None) -> None:
+    out = OutputConfig.parse(None, redirects, tee, None, None, True)
+    assert out.log_dir == temporary_log_base()  # as torchrun, which writes them under a temporary directory
+    routing = out.routing(plan(3))
+    assert routing.files[0] != Std.NONE  # local rank 0 gets a file in every case
+
+
+def test_the_line_prefix_template_and_its_sources(script: str) -> None:
+    config = configure(script, role="trainer", log_line_prefix_template="${role_name}/${node_rank}/${local_rank}|")
+    prefix = config.output.prefix  # type: ignore[attr-defined]
+    assert prefix.render(5, 1, 2) == b"trainer/2/1|" and prefix.hostname == socket.gethostname()
+    assert configure(script).output.prefix.render(3, 0, 0) == b"[rank3]: "  # type: ignore[attr-defined]
+    assert configure(script, log_line_prefix_template="").output.prefix.template == "[rank${rank}]: "  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="--no-prefix and --log-line-prefix-template contradict"):
+        configure(script, no_prefix=True, log_line_prefix_template="${rank}")
+    # The template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: --no-prefix wins; a bad one is named with its variable.
+    from_env = {"--log-line-prefix-template": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}
+    assert configure(script, no_prefix=True, log_line_prefix_template="${rank}",
+                     from_env=from_env).output.prefix is None  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"unknown name \$\{rnak\}.*came from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
+        build(RunOptions(script=script, log_line_prefix_template="${rnak}", from_env=from_env),
+              {"DDPBOOT_FAKE_GPUS": "4", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${rnak}"}, Path(script).parent)
 
 
 @pytest.mark.parametrize(

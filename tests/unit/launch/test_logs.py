@@ -7,6 +7,7 @@ import json
 import os
 import select
 import stat
+import tempfile
 import tty
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch import logs
-from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file, run_dir
-from ddpboot.launch.spec import LogMode, Std, parse_log_mode
+from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file, run_dir, temporary_log_base
+from ddpboot.launch.spec import LinePrefix, LogMode, Routing, Std, parse_log_mode
 from tests.support import render_terminal
 
 
@@ -275,3 +276,57 @@ def test_log_modes_are_parsed_by_name() -> None:
     assert parse_log_mode(" Shared ") is LogMode.SHARED and parse_log_mode("private") is LogMode.PRIVATE
     with pytest.raises(UsageError, match="--log-mode 'public': choose private"):
         parse_log_mode("public")
+
+
+def test_a_line_that_carries_its_ranks_prefix_already_gets_one_prefix() -> None:
+    """torch.distributed's excepthook writes `[rank0]: ` before every traceback line; ddpboot's prefix replaces it."""
+    cap = Capture()
+    s = RankStream(0, Std.ERR, cap.console, None)
+    other = RankStream(1, Std.ERR, cap.console, None, prefix=b"host:1| ")
+    s.feed(b"[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 5\n")
+    other.feed(b"[rank1]: RuntimeError: boom\n[rank0]: from rank 0 says rank 1\n")
+    s.feed(b"[rank00]: not the prefix\n")
+    s.close()
+    other.close()
+    _, err = cap.read()
+    assert err.decode().splitlines() == [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "x.py", line 5',
+        "host:1| RuntimeError: boom",  # a template's prefix replaces torch's too
+        "host:1| [rank0]: from rank 0 says rank 1",  # another rank's prefix is text
+        "[rank0]: [rank00]: not the prefix",
+    ]
+
+
+def test_without_a_prefix_the_ranks_own_prefix_stays(tmp_path: Path) -> None:
+    log = LogFile(tmp_path / "rank0.log")
+    cap = Capture()
+    s = RankStream(0, Std.ERR, cap.console, log, prefix=False)
+    s.feed(b"[rank0]: Traceback\n")
+    s.close()
+    log.close()
+    assert cap.read()[1] == b"[rank0]: Traceback\n"
+    assert (tmp_path / "rank0.log").read_bytes() == b"[rank0]: Traceback\n"  # files: the bytes unchanged
+
+
+def test_the_line_prefix_template_fills_every_field() -> None:
+    prefix = LinePrefix("${hostname} n${node_rank} ${role_name}${local_rank} r$rank $$ ", "trainer", "gpu07")
+    assert prefix.render(13, 5, 1) == b"gpu07 n1 trainer5 r13 $ "
+    assert Routing(prefix=prefix).line_prefix(2, 2, 0) == b"gpu07 n0 trainer2 r2 $ "
+    assert Routing().line_prefix(9, 1, 1) == b"[rank9]: " and Routing(prefix=None).line_prefix(9, 1, 1) == b""
+
+
+def test_the_temporary_log_base_is_the_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = temporary_log_base()
+    assert base == tmp_path / f"ddpboot-logs-{os.getuid()}"
+    first = run_dir(base, "job")
+    assert first == base / "job" and stat.S_IMODE(base.stat().st_mode) == 0o700
+    os.chmod(base, 0o777)  # writable by others: someone could swap the run's directories
+    with pytest.raises(UsageError, match="not a directory of yours that only you can write"):
+        run_dir(base, "job")
+    os.chmod(base, 0o700)
+    base.rename(tmp_path / "elsewhere")
+    base.symlink_to(tmp_path / "elsewhere")  # a link is refused whatever it points to
+    with pytest.raises(UsageError, match="Give --log-dir DIR, or remove it"):
+        run_dir(base, "job")

@@ -12,6 +12,7 @@ from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     Std,
     check_rank_filter,
+    parse_prefix_template,
     parse_rank_list,
     parse_rdzv_conf,
     parse_signals,
@@ -80,3 +81,16 @@ def test_durations() -> None:
                                     (0.0, False, "give more than zero seconds")):
         with pytest.raises(UsageError, match=f"--x .*{need}.*e.g. 30, 90s, 10m, 2h"):
             parse_duration(value, "--x", allow_zero=allow_zero)
+
+
+def test_prefix_templates_take_torchruns_names_and_node_rank() -> None:
+    for good in ("[${role_name}${local_rank}]:", "${hostname}:${rank}: ", "$rank|$node_rank ", "cost $$5 ", ""):
+        assert parse_prefix_template(good) == good  # used as written, spaces included
+    with pytest.raises(UsageError, match=r"unknown name \$\{local_rnak\}; a prefix can use \$\{rank\}, "
+                       r"\$\{local_rank\}, \$\{node_rank\}, \$\{role_name\}, \$\{hostname\}"):
+        parse_prefix_template("[${local_rnak}]")
+    with pytest.raises(UsageError, match=r"unknown names \$\{pid\}, \$\{host\}"):
+        parse_prefix_template("$pid ${host}")
+    for bad in ("${rank", "cost $5", "${}", "$"):
+        with pytest.raises(UsageError, match=r"a '\$' that begins no \$\{name\}; write \$\$"):
+            parse_prefix_template(bad)
