@@ -94,7 +94,7 @@ def bind_store_socket(
             group.siblings.append(sibling)
             sibling.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             _bind(sibling, bound, host, port, option)
-        seen = _listeners_on(bound[0], int(bound[1]))
+        seen = listeners_on(bound[0], int(bound[1]))
     except BaseException:
         group.close()
         raise
@@ -141,7 +141,7 @@ def _bind(
     return sock
 
 
-def _listeners_on(addr: str, port: int) -> int:
+def listeners_on(addr: str, port: int) -> int:
     """Listening TCP sockets in this network namespace on `port`, at `addr` or the wildcard address
     (/proc/net/tcp and tcp6); 0 where neither table can be read."""
     mine = plain_address(addr)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.tcpstore.address import ListenerGroup, _listeners_on, bind_store_socket, listening_sockets
+from ddpboot.tcpstore.address import ListenerGroup, listeners_on, bind_store_socket, listening_sockets
 
 
 def test_one_listener_is_a_plain_socket() -> None:
@@ -19,7 +19,7 @@ def test_one_listener_is_a_plain_socket() -> None:
     try:
         assert not isinstance(sock, ListenerGroup)
         assert listening_sockets(sock) == [sock]
-        assert _listeners_on("127.0.0.1", sock.getsockname()[1]) == 1
+        assert listeners_on("127.0.0.1", sock.getsockname()[1]) == 1
     finally:
         sock.close()
 
@@ -31,10 +31,10 @@ def test_a_group_listens_on_one_port_and_closes_as_one() -> None:
     assert len(members) == 4 and len({s.fileno() for s in members}) == 4
     assert {s.getsockname() for s in members} == {("127.0.0.1", port)}
     assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for s in members)
-    assert _listeners_on("127.0.0.1", port) == 4
+    assert listeners_on("127.0.0.1", port) == 4
     group.close()
     assert all(s.fileno() == -1 for s in members)
-    assert _listeners_on("127.0.0.1", port) == 0
+    assert listeners_on("127.0.0.1", port) == 0
 
 
 def test_the_kernel_spreads_a_burst_over_the_groups_queues() -> None:
@@ -73,7 +73,7 @@ def test_a_port_anything_listens_on_is_refused_as_with_one_socket(reuseport: boo
         for listeners in (1, 4):
             with pytest.raises(UsageError, match=f"--master-port {port}: port {port} on 127.0.0.1 is in use"):
                 bind_store_socket("127.0.0.1", port, listeners=listeners)
-        assert _listeners_on("127.0.0.1", port) == 1  # nothing of ours was left listening
+        assert listeners_on("127.0.0.1", port) == 1  # nothing of ours was left listening
     finally:
         other.close()
 
@@ -102,9 +102,9 @@ def a_program_joins_the_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[
             other.bind((addr, port))
             other.listen()
             joined.append(other)
-        return _listeners_on(addr, port)
+        return listeners_on(addr, port)
 
-    monkeypatch.setattr("ddpboot.tcpstore.address._listeners_on", join_then_count)
+    monkeypatch.setattr("ddpboot.tcpstore.address.listeners_on", join_then_count)
     try:
         yield joined
     finally:
@@ -119,7 +119,7 @@ def test_a_port_another_program_joined_is_refused(monkeypatch: pytest.MonkeyPatc
     with a_program_joins_the_group(monkeypatch) as joined:
         with pytest.raises(UsageError, match=f"--master-port {port}: another program listens on port {port} too"):
             bind_store_socket("127.0.0.1", port, listeners=3)
-        assert len(joined) == 1 and _listeners_on("127.0.0.1", port) == 1  # only the other program's socket
+        assert len(joined) == 1 and listeners_on("127.0.0.1", port) == 1  # only the other program's socket
 
 
 def test_a_free_port_another_program_joined_is_traded_for_another(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +129,7 @@ def test_a_free_port_another_program_joined_is_traded_for_another(monkeypatch: p
             taken = joined[0].getsockname()[1]
             port = group.getsockname()[1]
             assert port != taken and len(listening_sockets(group)) == 3
-            assert _listeners_on("127.0.0.1", port) == 3 and _listeners_on("127.0.0.1", taken) == 1
+            assert listeners_on("127.0.0.1", port) == 3 and listeners_on("127.0.0.1", taken) == 1
         finally:
             group.close()
 
@@ -145,10 +145,10 @@ def test_listeners_are_counted_by_address_and_wildcard() -> None:
     other.listen()
     try:
         port = wildcard.getsockname()[1]
-        assert _listeners_on("127.0.0.1", port) == 1  # 0.0.0.0 takes 127.0.0.1's connections too
+        assert listeners_on("127.0.0.1", port) == 1  # 0.0.0.0 takes 127.0.0.1's connections too
         alone = other.getsockname()[1]
-        assert _listeners_on("127.0.0.2", alone) == 1
-        assert _listeners_on("127.0.0.1", alone) == 0
+        assert listeners_on("127.0.0.2", alone) == 1
+        assert listeners_on("127.0.0.1", alone) == 0
     finally:
         wildcard.close()
         other.close()
