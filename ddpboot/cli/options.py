@@ -23,7 +23,8 @@ from ddpboot.launch.config import NodeOptions, SelectionOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SEL = "GPU selection"
+_SEL = "GPU selection"  # the options most jobs set: `ddpboot -h` shows this panel first
+_MORE = "More GPU selection"
 _NODES = "Multi-node"
 SELECTION_PARAMS = [
     inspect.Parameter(
@@ -37,9 +38,9 @@ SELECTION_PARAMS = [
                 "--nproc-per-node",
                 "--nproc_per_node",
                 envvar="PET_NPROC_PER_NODE",
-                help="Processes (ranks) on this node: a number, `gpu` (every allowed GPU), `auto` (every free GPU, "
-                "or one per CPU core without GPUs) or `cpu` (one CPU rank per core). Default: 1, or as many as "
-                "--gpus names.",
+                metavar="N|gpu|auto|cpu",
+                help="Ranks on this node: N, `gpu` (every allowed GPU), `auto` (every free GPU; one per core "
+                "without GPUs) or `cpu` (one CPU rank per core). Default 1, or one per --gpus entry.",
                 rich_help_panel=_SEL,
             ),
         ],
@@ -53,8 +54,9 @@ SELECTION_PARAMS = [
             typer.Option(
                 "--gpus",
                 envvar="DDPBOOT_GPUS",
-                help="Use exactly these GPUs, in this order (rank 0 gets the first): physical indices, ranges, "
-                "UUIDs or prefixes, PCI bus ids, MIG instances (3:1). Busy GPUs are used if named here.",
+                metavar="LIST",
+                help="Exactly these GPUs, in this order (rank 0 gets the first), busy ones too: indices (0,2), "
+                "ranges (0-3), UUIDs, PCI bus ids, MIG instances (3:1).",
                 rich_help_panel=_SEL,
             ),
         ],
@@ -68,7 +70,8 @@ SELECTION_PARAMS = [
             typer.Option(
                 "--exclude",
                 envvar="DDPBOOT_EXCLUDE",
-                help="Never use these GPUs (same forms as --gpus).",
+                metavar="LIST",
+                help="Never these GPUs (same forms as --gpus).",
                 rich_help_panel=_SEL,
             ),
         ],
@@ -81,8 +84,9 @@ SELECTION_PARAMS = [
             int,
             typer.Option(
                 "--gpus-per-proc",
+                metavar="K",
                 help="GPUs per rank; a rank's CUDA_VISIBLE_DEVICES lists them all and its first is cuda:0.",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -95,9 +99,9 @@ SELECTION_PARAMS = [
             typer.Option(
                 "--isolation",
                 envvar="DDPBOOT_ISOLATION_MODE",
-                help="`rank`: each worker sees only its own GPUs (as cuda:0) and LOCAL_RANK is 0, the true index "
-                "is DDPBOOT_LOCAL_RANK. `node`: every worker sees all selected GPUs and the true LOCAL_RANK "
-                "(torchrun's semantics).",
+                metavar="rank|node",
+                help="`rank`: each worker sees only its GPUs, as cuda:0, and LOCAL_RANK=0 (DDPBOOT_LOCAL_RANK "
+                "has the index); `node`: all selected GPUs and the true LOCAL_RANK, as under torchrun.",
                 rich_help_panel=_SEL,
             ),
         ],
@@ -108,7 +112,7 @@ SELECTION_PARAMS = [
         default=False,
         annotation=Annotated[
             bool,
-            typer.Option("--cpu", help="Run CPU ranks (gloo) even where GPUs exist.", rich_help_panel=_SEL),
+            typer.Option("--cpu", help="CPU ranks with gloo, even where GPUs exist.", rich_help_panel=_SEL),
         ],
     ),
     inspect.Parameter(
@@ -119,8 +123,9 @@ SELECTION_PARAMS = [
             str,
             typer.Option(
                 "--max-used-memory",
+                metavar="SIZE",
                 help="A GPU with more memory in use than this counts as busy for automatic selection.",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -132,8 +137,9 @@ SELECTION_PARAMS = [
             int,
             typer.Option(
                 "--max-util",
+                metavar="PCT",
                 help="A GPU busier than this utilization (percent) counts as busy for automatic selection.",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -146,11 +152,12 @@ SELECTION_PARAMS = [
             typer.Option(
                 "--cpu-affinity",
                 envvar="DDPBOOT_CPU_AFFINITY",
+                metavar="auto|none|CORES",
                 help="`auto`: bind each rank to the cores near its GPU (NVML), split fairly among ranks sharing "
                 "them, within the cores ddpboot may use; `none`: no binding; a list (0-15) split among the ranks, "
                 "or one list per rank separated by ';' (0-7;8-15). Unless OMP_NUM_THREADS is set, each rank gets "
                 "its share of cores as OMP_NUM_THREADS.",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -165,7 +172,7 @@ SELECTION_PARAMS = [
                 envvar="DDPBOOT_OVERSUBSCRIBE",
                 help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file "
                 "limits (ulimit -u, ulimit -n) still apply.",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -178,7 +185,7 @@ SELECTION_PARAMS = [
             typer.Option(
                 "--share",
                 help="Use GPUs named in --gpus even if another ddpboot job holds them (their locks are not taken).",
-                rich_help_panel=_SEL,
+                rich_help_panel=_MORE,
             ),
         ],
     ),
@@ -202,7 +209,7 @@ NODE_PARAMS = [
         default=None,
         annotation=Annotated[
             str | None,
-            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES,
+            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES, metavar="N|MIN:MAX",
                          help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
                          "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
         ],
@@ -214,23 +221,25 @@ NODE_PARAMS = [
         annotation=Annotated[
             int | None,
             typer.Option(
-                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES
+                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES,
+                metavar="N",
             ),
         ],
     ),
     _node_option("master_addr", Annotated[str | None, typer.Option(
-        "--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_NODES,
+        "--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_NODES, metavar="HOST",
         help=_NODE_HELP_MASTER_ADDR)], None),
     _node_option("master_port", Annotated[int | None, typer.Option(
-        "--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_NODES,
+        "--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_NODES, metavar="PORT",
         help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no other process "
         "can take it between choice and use; 29500 for several nodes. A port in use is an error.")], None),
     _node_option("rdzv_backend", Annotated[str, typer.Option(
-        "--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_NODES,
+        "--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_NODES, metavar="static|c10d",
         help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). Otherwise "
         "accepted (static or c10d); the workers' store is ddpboot's.")], NodeOptions.rdzv_backend),
     _node_option("rdzv_endpoint", Annotated[str, typer.Option(
         "--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_NODES,
+        metavar="HOST:PORT",
         help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d rendezvous there, hosted "
         "by the launcher on HOST. Fixed node count: stands for --master-addr/--master-port. One node: HOST must be "
         "this machine; PORT is used like --master-port.")], NodeOptions.rdzv_endpoint),
@@ -239,7 +248,7 @@ NODE_PARAMS = [
         help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on loopback "
         "(torchrun's listens on every interface).")], NodeOptions.standalone),
     _node_option("local_addr", Annotated[str | None, typer.Option(
-        "--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_NODES,
+        "--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_NODES, metavar="HOST",
         help="This node's address for other nodes: where node group rank 0 serves the workers' store in an "
         "elastic job (default: its address on the route to the rendezvous endpoint).")], None),
 ]

@@ -25,12 +25,13 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False, pipe_width: int = 200) -> Console:
+    """A console as wide as the terminal (or COLUMNS). Piped output (logs, CI) gets whole tables rather than rich's
+    80-column guess; help text, read through a pager, is given `pipe_width=80`."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    # Piped output (logs, CI) gets whole tables rather than rich's 80-column guess.
-    width = None if stream.isatty() or os.environ.get("COLUMNS") else 200
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else pipe_width
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 

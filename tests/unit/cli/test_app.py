@@ -40,6 +40,10 @@ def test_every_tool_takes_dash_h(tool: str, capsys: pytest.CaptureFixture[str]) 
     assert code == 0 and f"Usage: ddpboot {tool}" in out
 
 
+def _panels(out: str) -> list[str]:
+    return [line.split("─ ")[1].split(" ─")[0] for line in out.splitlines() if line.startswith("╭─ ")]
+
+
 def test_the_help_lists_the_tools_and_puts_gpu_selection_first(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -48,12 +52,49 @@ def test_the_help_lists_the_tools_and_puts_gpu_selection_first(
     assert code == 0
     lines = out.splitlines()
     assert all(f"`ddpboot {tool}`" in out for tool in ("plan", "gpus", "smoke"))
-    panels = [line.split("─ ")[1].split(" ─")[0] for line in lines if line.startswith("╭─ ")]
-    assert panels[:3] == ["Arguments", "Options", "GPU selection"]
-    assert {"Job", "Multi-node", "Supervision", "Logs", "torchrun compatibility"} <= set(panels)
-    first = {name: next(i for i, line in enumerate(lines) if name in line) for name in ("--nproc", "--gpus")}
-    assert first["--nproc"] < 25 and first["--gpus"] < 35
+    panels = _panels(out)
+    assert panels[:2] == ["GPU selection", "Arguments"] and panels[-1] == "Options"
+    assert {"More GPU selection", "Job", "Multi-node", "Supervision", "Logs", "torchrun compatibility"} <= set(panels)
+    first = {name: next(i for i, line in enumerate(lines) if f"│ {name} " in line)
+             for name in ("--nproc", "--gpus", "--exclude", "--cpu", "--isolation")}
+    assert max(first.values()) < 24, first  # the first screen of a 24-line terminal
     assert "SIGUS R1" not in out and "--master- addr" not in out
+
+
+@pytest.mark.parametrize("command", [[], ["plan"], ["gpus"], ["smoke"], ["stacks"]])
+def test_the_help_fits_80_columns_and_cuts_no_name(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from typer.main import get_command
+
+    from ddpboot.cli.run import run_app
+    from ddpboot.cli.tools import tools
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_main([*command, "-h"], capsys)
+    assert code == 0
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "…" not in out and not any(t in out for t in ("<bool>", "<str>", "<int>", "<list[str]>", "<float>"))
+    click_command = get_command(tools).commands[command[0]] if command else get_command(run_app)  # type: ignore[attr-defined]
+    cells = [line.split("│")[1].strip().split("  ")[0] for line in out.splitlines() if line.startswith("│ -")]
+    names = [token for cell in cells for token in cell.replace(",", " ").split()]
+    for param in click_command.params:
+        long = [o for o in param.opts if o.startswith("--")][:1]
+        if param.param_type_name == "option" and not param.hidden and long:
+            assert long[0] in names or f"{long[0]}/{param.secondary_opts[0]}" in names, long
+
+
+def test_aliases_and_defaults_are_in_the_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    _, out, _ = run_main(["-h"], capsys)
+    text = " ".join(out.replace("│", " ").split())
+    nproc = text[text.index("--nproc N|gpu|auto|cpu") : text.index("--gpus LIST")]
+    assert nproc.endswith("[also --nproc-per-node; env PET_NPROC_PER_NODE] ") and "--nproc_per_node" not in nproc
+    assert "spellings with underscores (--nproc_per_node, --node_rank and the others) are accepted too" in text
+    isolation = text[text.index("--isolation rank|node") : text.index("--cpu ")]
+    assert isolation.endswith("[default rank; env DDPBOOT_ISOLATION_MODE] ")
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,12 +110,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         (["--max-util", "x", "train.py"], "ddpboot: error: Invalid value for '--max-util'"),
         (["--nprocs", "2", "train.py"], "ddpboot: error: No such option: --nprocs"),
         (["plan", "--log-dir", "x"], "ddpboot: error: No such option: --log-dir"),
+        (["-np", "2", "train.py"], "ddpboot: error: No such option: -np. mpirun's -np is --nproc N here"),
+        (["-n", "2", "train.py"], "ddpboot: error: No such option: -n. mpirun's and srun's -n is --nproc N here"),
+        (["plan", "-np2"], "ddpboot: error: No such option: -np2. mpirun's -np is --nproc N here"),
+        (["--num_gpus", "2", "train.py"], "ddpboot: error: No such option: --num_gpus. DeepSpeed's --num_gpus is"),
+        (["--use-env", "train.py"], "ddpboot: error: No such option: --use-env. torch.distributed.launch's"),
+        (["smoke", "--checks", "all_reduce,", "ddp"],
+         "ddpboot: error: Got unexpected extra argument(s) (ddp): all_reduce, ddp is one list split by a space"),
     ],
 )
 def test_a_mistyped_option_is_one_error_line(args: list[str], start: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(args, capsys)
     assert code == 2 and err.startswith(start) and len(err.strip().splitlines()) == 1, err
-    assert "ddpboot -h" in err or "ddpboot plan -h" in err
+    assert any(f"`ddpboot {tool}-h`" in err for tool in ("", "plan ", "smoke "))
 
 
 @pytest.mark.parametrize(
