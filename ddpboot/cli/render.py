@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ddpboot.cli.output import console, escape
 from ddpboot.selection.affinity import format_cpu_list
 from ddpboot.selection.locks import Holder
-from ddpboot.units import format_size, plural, short_uuid
+from ddpboot.units import format_size, short_uuid
 
 if TYPE_CHECKING:
     from ddpboot.launch.spec import LaunchSpec
@@ -48,38 +48,109 @@ def fit_columns(columns: list[Column], width: int, priority: list[str]) -> list[
     return [c for c in columns if c.header in chosen]
 
 
-def print_table(columns: list[Column], priority: list[str]) -> None:
-    """Print the columns that fit this console's width; rows never wrap, so each rank or GPU stays one line."""
+def _table(columns: list[Column]) -> Any:
     from rich.table import Table
 
-    con = console()
     table = Table(show_edge=False, header_style="bold")
-    shown = fit_columns(columns, con.width, priority)
-    for col in shown:
+    for col in columns:
         table.add_column(col.header, no_wrap=True, overflow="ellipsis" if not col.keep else "fold")
-    rows = len(columns[0].cells) if columns else 0
-    for i in range(rows):
-        table.add_row(*(col.cells[i] for col in shown))
-    con.print(table)
+    for i in range(len(columns[0].cells) if columns else 0):
+        table.add_row(*(col.cells[i] for col in columns))
+    return table
+
+
+def print_table(columns: list[Column], priority: list[str], wide: bool = False) -> None:
+    """Print the columns that fit this console's width; rows never wrap, so each rank or GPU stays one line.
+    `wide` shows every column: as a table where it fits, else as one record per row (print_records)."""
+    from rich.measure import Measurement
+
+    con = console()
+    if wide:
+        table = _table(columns)
+        if Measurement.get(con, con.options.update_width(10**6), table).maximum <= con.width:
+            con.print(table)
+        else:
+            print_records(columns)
+        return
+    shown = fit_columns(columns, con.width, priority)
+    con.print(_table(shown))
     dropped = [c.header for c in columns if c not in shown]
     if dropped:
-        con.print(f"[dim]({', '.join(dropped)}: not shown at {con.width} columns; see --wide or --json)[/]",
-                  soft_wrap=True)
+        con.print(f"[dim]({', '.join(dropped)}: not shown at {con.width} columns; see --wide or --json)[/]")
+
+
+def print_records(columns: list[Column]) -> None:
+    """One `key  value` block per row, for a table wider than the terminal: the map columns (`keep`) name the
+    block, every other non-empty cell is a line of it. A row whose naming cells are empty (a rank's second GPU)
+    continues the block above. A list too long for a line breaks after its commas."""
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console()
+    named = [c for c in columns if c.keep]
+    rest = [c for c in columns if not c.keep]
+    key_width = max((len(c.header) for c in rest), default=0) + 2
+    room = con.width - key_width - 2
+    for i in range(len(columns[0].cells) if columns else 0):
+        title = " · ".join(f"{c.header} {c.cells[i]}" for c in named if c.cells[i].strip())
+        first = bool(columns[0].cells[i].strip())
+        if first and i:
+            con.print()
+        if title:
+            con.print(f"[bold]{title}[/]" if first else f"  {title}")
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, min_width=key_width)
+        grid.add_column(overflow="fold")
+        for col in rest:
+            value = col.cells[i]
+            if Text.from_markup(value).cell_len > room:
+                value = value.replace(",", ",\n")
+            if value.strip():
+                grid.add_row(f"  {col.header}", value)
+        con.print(grid)
+
+
+def plan_head(plan: Plan, width: int) -> list[str]:
+    """The plan's first lines: the job's size and mode, and where the GPUs came from when that is worth a word (no
+    GPU found, CUDA_VISIBLE_DEVICES narrowing them, nodes from SLURM or flags). Parts are joined by ` · ` and a
+    line breaks between parts, never inside one, when `width` would be passed."""
+    from rich.text import Text
+
+    nodes = f"{plan.nnodes} nodes (this is node {plan.node_rank})" if plan.nnodes > 1 else "1 node"
+    parts = [f"[bold]world size {plan.world_size}[/]", nodes, f"isolation [bold]{plan.isolation}[/]",
+             f"backend {plan.backend}"]
+    if plan.inventory_source == "none":
+        parts.append("no GPUs found (`ddpboot gpus` says why)")
+    if plan.visible != "all GPUs":
+        parts.append(escape(plan.visible))
+    if plan.cluster.get("description") and plan.cluster.get("source") != "single":
+        parts.append(f"nodes from {escape(str(plan.cluster['description']))}")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        joined = f"{lines[-1]} · {part}"
+        if Text.from_markup(joined).cell_len <= width:
+            lines[-1] = joined
+        else:
+            lines.append(part)
+    return lines
+
+
+def plan_notes(plan: Plan) -> list[str]:
+    """The notes `ddpboot plan` prints, each once. Without a GPU inventory (no driver, no NVML) its reason is the
+    first note; the head says that no GPU was found and `ddpboot gpus` gives the reason, so it is not repeated
+    here (`make demo` runs both)."""
+    notes = list(plan.notes)
+    if plan.inventory_source == "none" and notes:
+        notes = notes[1:]
+    return list(dict.fromkeys(notes))
 
 
 def render_plan(plan: Plan, wide: bool = False) -> None:
     """Which GPU each rank gets, and what cuda:0 means inside it. Rank, local rank, GPU and device always show;
-    UUIDs and PCI bus ids only with `wide` (full), the other columns as the width allows."""
+    the other columns as the width allows; `wide`: every column, full UUIDs and PCI bus ids included."""
     con = console()
-    nodes = plural(plan.nnodes, "node")
-    head = (
-        f"[bold]world size {plan.world_size}[/] · {nodes} (this is node {plan.node_rank}) · "
-        f"isolation [bold]{plan.isolation}[/] · backend {plan.backend} · inventory {plan.inventory_source} · "
-        f"visible: {plan.visible}"
-    )
-    if plan.cluster.get("description"):
-        head += f" · nodes from {escape(str(plan.cluster['description']))}"
-    con.print(head, soft_wrap=True)
+    for line in plan_head(plan, con.width):
+        con.print(line)
     headers = ("rank", "local", "GPU", "UUID", "PCI bus id", "name", "free", "CUDA_VISIBLE_DEVICES", "device",
                "cores")
     cells: dict[str, list[str]] = {h: [] for h in headers}
@@ -93,7 +164,7 @@ def render_plan(plan: Plan, wide: bool = False) -> None:
         if not slot.gpus:
             add(str(slot.rank), str(slot.local_rank), "-", "-", "-", "CPU", "-", '""', "cpu", cores)
             continue
-        cvd = ",".join(short_uuid(u) for u in slot.cuda_visible_devices.split(","))
+        cvd = ",".join(u if wide else short_uuid(u) for u in slot.cuda_visible_devices.split(","))
         if not plan.isolation.own_gpus_only and len(plan.ranks) > 1:
             cvd = f"all {len(slot.cuda_visible_devices.split(','))} selected"
         for j, gpu in enumerate(slot.gpus):
@@ -114,9 +185,9 @@ def render_plan(plan: Plan, wide: bool = False) -> None:
     keep = {"rank", "local", "GPU", "device"}
     optional = ["CUDA_VISIBLE_DEVICES", "free", "cores", "name"] + (["UUID", "PCI bus id"] if wide else [])
     columns = [Column(h, cells[h], h in keep) for h in headers if h in keep or h in optional]
-    print_table(columns, optional)
-    for note in plan.notes:
-        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    print_table(columns, optional, wide)
+    for note in plan_notes(plan):
+        con.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def gpu_state(rec: dict[str, Any]) -> str:
@@ -136,11 +207,12 @@ def gpu_state(rec: dict[str, Any]) -> str:
 
 
 def render_gpus(records: list[dict[str, Any]], inventory: Inventory, wide: bool = False) -> None:
-    """The machine's GPUs, one line each. GPU index and state always show; UUIDs and PCI bus ids are cut to
-    12 characters unless `wide`, and columns that do not fit the width are left out (--wide, --json show all)."""
+    """The machine's GPUs, one line each. GPU index and state always show; UUIDs are cut to 12 characters and
+    columns that do not fit the width are left out, unless `wide` (every column, full UUIDs; --json shows all)."""
     con = console()
     if not records:
-        con.print("No GPUs" + (": " + "; ".join(inventory.notes) if inventory.notes else "."), soft_wrap=True)
+        con.print("No GPUs" + (": " + "; ".join(inventory.notes) if inventory.notes else "."))
+        con.print("Jobs here run CPU ranks with gloo: `ddpboot --cpu --nproc 2 SCRIPT`.")
         return
     headers = ("GPU", "UUID", "PCI bus id", "name", "memory used", "util", "procs", "state")
     cells: dict[str, list[str]] = {h: [] for h in headers}
@@ -159,9 +231,9 @@ def render_gpus(records: list[dict[str, Any]], inventory: Inventory, wide: bool 
             row(mig, f"  {mig['index']}:{mig['mig_index']}")
     keep = {"GPU", "state"}
     optional = ["memory used", "util", "procs", "UUID", "name", "PCI bus id"]
-    print_table([Column(h, cells[h], h in keep) for h in headers], optional)
+    print_table([Column(h, cells[h], h in keep) for h in headers], optional, wide)
     for note in inventory.notes:
-        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+        con.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def render_smoke(report: Report) -> None:

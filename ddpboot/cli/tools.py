@@ -111,7 +111,8 @@ def plan_cmd(
     nodes: NodeOptions,
     from_env: dict[str, str],
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
-    wide: Annotated[bool, typer.Option("--wide", help="Add each GPU's full UUID and PCI bus id to the table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show every column, each GPU's full UUID and PCI bus id "
+                                       "included: one block per rank where the table does not fit.")] = False,
 ) -> None:
     """Show which GPU each rank would get, and what cuda:0 means inside each worker. Starts nothing."""
     plan = plan_for(selection, nodes, from_env)
@@ -127,7 +128,8 @@ def plan_cmd(
 def gpus_cmd(
     selection: SelectionOptions,
     as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as one JSON object.")] = False,
-    wide: Annotated[bool, typer.Option("--wide", help="Show full UUIDs (cut to 12 characters otherwise).")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show every column, with full UUIDs (cut to 12 characters "
+                                       "otherwise): one block per GPU where the table does not fit.")] = False,
 ) -> None:
     """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, excluded or not visible."""
     env = os.environ

@@ -121,6 +121,11 @@ def _by_index(token: GpuIndex, inventory: Inventory, option: str) -> tuple[GPU, 
     for gpu in inventory.gpus:
         if gpu.index == token.index:
             return gpu.units()
+    if not inventory.gpus:  # a first try on a laptop or CI runner: say how to run here
+        raise PlanError(
+            f"{option}: GPU {token.text} does not exist; {inventory.describe()}. Leave {option} out to run here: "
+            "without GPUs the ranks run on CPU with gloo (--cpu asks for that anywhere)."
+        )
     raise PlanError(
         f"{option}: GPU {token.text} does not exist; {inventory.describe()}. Run `ddpboot gpus` to see them."
     )
