@@ -10,21 +10,31 @@ instead of half-way through `init_process_group`.
 from __future__ import annotations
 
 import abc
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from ddpboot.contract import Isolation
 from ddpboot.errors import WorkerEnvError
 
+PORT_BASE = 15000
+PORT_SPAN = 17000
+"""Derived ports lie in 15000..31999: above the well-known and common service ports, below Linux's default
+ephemeral range (32768..60999), so a derived port never collides with the local port of an outgoing connection."""
+
+LOOPBACK = "127.0.0.1"
+
 
 class ClusterEnvironment(abc.ABC):
     """Where this process's ranks, sizes and rendezvous address come from (torchrun variables, SLURM, ...).
 
-    Adding a source (LSF, Kubernetes, ...) is one new subclass, listed in `ddpboot.cluster.ENVIRONMENTS`: a `detect`
-    that says whether its launcher started this process, and a constructor that reads and checks the eight values
-    below (`self._world_size`, ...). The class attributes and the accessors after them tell the worker API
-    (`ddpboot.init()`) how to join the job; their defaults fit a launcher that gives no torchrun variables, lets
-    each process see the node's GPUs and uses GPU number `local_rank`.
+    Adding a source is one new subclass: a `detect` that says whether its launcher started this process, and a
+    constructor that reads and checks the eight values below (`self._world_size`, ...). A built-in one is listed in
+    `ddpboot.cluster.ENVIRONMENTS`; one from another package is declared as an entry point of the group
+    `ddpboot.environments` (`ddpboot.cluster.plugins`), or handed to `ddpboot.init(environment=...)`. The class
+    attributes and the accessors after them tell the worker API (`ddpboot.init()`) how to join the job; their
+    defaults fit a launcher that gives no torchrun variables, lets each process see the node's GPUs and uses GPU
+    number `local_rank`.
     """
 
     name: ClassVar[str]
@@ -128,6 +138,11 @@ class ClusterEnvironment(abc.ABC):
         del entries, visible_count
         return None
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Assumptions this environment made that the user should hear about (`ddpboot.init()` warns with each)."""
+        return ()
+
     def describe(self) -> str:
         """One line for logs and `ddpboot plan`."""
         return (
@@ -207,3 +222,56 @@ def check_at_most(name: str, value: int, bound_name: str, bound: int) -> None:
         raise WorkerEnvError(
             f"{name}={value} is larger than {bound_name}={bound}: the launcher's variables contradict each other."
         )
+
+
+def job_port(key: str) -> int:
+    """The store port every process of one job derives alike from `key`, a value the launcher gives all of them (a
+    job id, a PMIx namespace) when MASTER_PORT is not set: PORT_BASE + crc32(key) mod PORT_SPAN."""
+    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
+
+
+def one_gpu_each(
+    entries: Sequence[str] | None, visible_count: int, local_rank: int, local_world_size: int, started_by: str, fix: str
+) -> str | None:
+    """CUDA_VISIBLE_DEVICES for process `local_rank` of `local_world_size` on a node whose GPUs it all sees: entry
+    `local_rank` of the list (index `local_rank` when the variable is unset); None when it sees one GPU or none (its
+    launcher chose already). Raises WorkerEnvError when the node's processes cannot have one GPU each."""
+    if visible_count < 2:
+        return None
+    if visible_count < local_world_size:
+        raise WorkerEnvError(
+            f"{started_by} started {local_world_size} tasks on this node but this task sees {visible_count} GPUs, so "
+            f"they cannot have one GPU each (NCCL refuses two ranks on one GPU). Fix: {fix}"
+        )
+    if entries is None:
+        return str(local_rank)
+    return entries[local_rank]
+
+
+def store_host(env: Mapping[str, str], one_host: bool, context: str) -> str:
+    """MASTER_ADDR when set; loopback when every process of the job runs on this host; else WorkerEnvError.
+
+    For launchers whose variables do not name the host of rank 0 (MPI, jsrun): only rank 0 can know it, and asking
+    it needs a channel between the ranks that exists only once they have met. `context` says what to set, how."""
+    found = first_set(env, ["MASTER_ADDR"])
+    if found is not None:
+        return found[1]
+    if one_host:
+        return LOOPBACK
+    raise WorkerEnvError(f"MASTER_ADDR is not set, and the ranks of this job run on several hosts. {context}")
+
+
+def read_ranks(
+    env: Mapping[str, str], rank: Sequence[str], size: Sequence[str], local_rank: Sequence[str],
+    local_size: Sequence[str], context: str,
+) -> tuple[int, int, int, int]:
+    """(rank, size, local rank, local size) from the first set variable of each list, checked against each other:
+    rank < size, local size <= size, local rank < local size. For launchers that give all four (MPI, jsrun)."""
+    size_var, world = read_int(env, size, context, minimum=1)
+    rank_var, me = read_int(env, rank, context)
+    check_below(rank_var, me, size_var, world)
+    local_size_var, local_world = read_int(env, local_size, context, minimum=1)
+    check_at_most(local_size_var, local_world, size_var, world)
+    local_var, local = read_int(env, local_rank, context)
+    check_below(local_var, local, local_size_var, local_world)
+    return me, world, local, local_world

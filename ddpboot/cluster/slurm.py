@@ -25,20 +25,18 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
 from ddpboot.cluster.base import (
+    PORT_BASE,
+    PORT_SPAN,
     ClusterEnvironment,
     check_below,
     first_set,
+    one_gpu_each,
     parse_port,
     read_int,
     require,
 )
 from ddpboot.cluster.hostlist import MAX_HOSTS, expand_hostlist, first_host
 from ddpboot.errors import DdpbootError, UsageError, WorkerEnvError
-
-PORT_BASE = 15000
-PORT_SPAN = 17000
-"""Derived ports lie in 15000..31999: above the well-known and common service ports, below Linux's default
-ephemeral range (32768..60999), so a derived port never collides with the local port of an outgoing connection."""
 
 _SPECIAL_STEP_IDS = 0xFFFFFFF0  # batch, extern, interactive, pending: SLURM's reserved ids are above this
 
@@ -220,14 +218,9 @@ class SlurmEnvironment(ClusterEnvironment):
     def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
         """Narrow only when the task sees several GPUs that are the node's (one task per GPU, no `--gpus-per-task`):
         task SLURM_LOCALID=i then takes entry i of the list (or index i when the variable is unset)."""
-        if self._gpus_per_task or visible_count < 2:
+        if self._gpus_per_task:
             return None
-        if visible_count < self._local_world_size:
-            raise WorkerEnvError(
-                f"srun started {self._local_world_size} tasks on this node but this task sees {visible_count} GPUs, "
-                "so they cannot have one GPU each (NCCL refuses two ranks on one GPU). Fix: srun "
-                f"--ntasks-per-node={visible_count}, or give each task its own GPU with --gpus-per-task=1."
-            )
-        if entries is None:
-            return str(self._local_rank)
-        return entries[self._local_rank]
+        return one_gpu_each(
+            entries, visible_count, self._local_rank, self._local_world_size, "srun",
+            f"srun --ntasks-per-node={visible_count}, or give each task its own GPU with --gpus-per-task=1.",
+        )

@@ -1,7 +1,8 @@
 """The node setup a launcher runs with, from its node options: one node, a fixed node count, or an elastic range.
 
 Every check here runs before anything starts and exits 2 with one message. Option values arrive explicit: None for
-an option that was not given, so that SLURM (or one node) supplies it; a default is never mistaken for a choice.
+an option that was not given, so that a scheduler (or one node) supplies it; a default is never mistaken for a
+choice.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class StoreAddress:
 def launcher_nodes(
     options: NodeOptions, env: Mapping[str, str], max_restarts: int = 0, ranks_filter: str | None = None
 ) -> NodeSetup:
-    """Node count, node rank and store address: flags > SLURM step (one ddpboot per node) > one node. For several
+    """Node count, node rank and store address: flags > a scheduler's one task per node (MPI, jsrun, a SLURM step,
+    pbsdsh: nodes/static.py) > one node. For several
     nodes, `--rdzv-endpoint HOST:PORT` stands for --master-addr/--master-port as in torchrun, and the master address
     must resolve now: a name that does not would make every worker hang. An elastic range (MIN:MAX) goes to torch's
     c10d rendezvous (launch/elastic/), which decides the node rank at each round."""

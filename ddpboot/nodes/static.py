@@ -1,8 +1,14 @@
-"""Where a launcher's node count, node rank and store address come from: flags, SLURM, or one node.
+"""Where a launcher's node count, node rank and store address come from: flags, a scheduler, or one node.
 
 Precedence: explicit flags (`--nnodes`, `--node-rank`, `--master-addr`, `--master-port`, or their PET_* defaults)
-win; inside a srun step (one ddpboot per node) SLURM supplies what the flags do not, and a flag that contradicts
-SLURM wins with a note; in a Kubeflow PyTorchJob pod of several nodes without PET_MASTER_ADDR, MASTER_ADDR and
+win; a launcher started as one task per node by a scheduler gets what the flags do not from it, and a flag that
+contradicts it wins with a note. The schedulers, in order (the variables of the process itself first, as in
+cluster/__init__.py): an MPI rank (`mpirun --map-by ppr:1:node ddpboot ...`: node rank = MPI rank, node count = MPI
+size, store address as cluster/mpi.py reads it for ranks), a jsrun task (LSF, the same from JSM_NAMESPACE_*), a srun
+step (SLURM), a pbsdsh task (`pbsdsh -u ddpboot ...`: PBS_NODENUM of the node file's hosts, the store on the first).
+Several MPI or jsrun launchers on one host are several nodes of the job (they share its GPUs through the GPU
+locks, and `plan` says so); SLURM's node rank is the host's, so there one launcher per host is required. In a
+Kubeflow PyTorchJob pod of several nodes without PET_MASTER_ADDR, MASTER_ADDR and
 MASTER_PORT name node 0 (source "kubernetes", cluster/kubernetes.py); otherwise the job is one node with its store on
 loopback, on a port the launcher binds itself (no port race). `ddpboot plan` prints which source was used.
 
@@ -21,7 +27,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
+from ddpboot.cluster.base import ClusterEnvironment
 from ddpboot.cluster.kubernetes import pytorchjob_master
+from ddpboot.cluster.lsf import JsrunEnvironment
+from ddpboot.cluster.mpi import MpiEnvironment
+from ddpboot.cluster.pbs import in_pbsdsh_task, pbs_node_info
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.contract import is_tcp_port
 from ddpboot.errors import UsageError
@@ -38,6 +48,9 @@ class NodeSource(str, Enum):
     SINGLE = "single"  # one node, store on loopback
     FLAGS = "flags"  # --nnodes/--node-rank/--master-addr (or their PET_* variables)
     SLURM = "slurm"  # a srun step, one launcher per node
+    MPI = "mpi"  # an MPI rank (mpirun --map-by ppr:1:node), one launcher per node
+    LSF = "lsf"  # a jsrun task, one launcher per node
+    PBS = "pbs"  # a pbsdsh -u task, one launcher per host
     KUBERNETES = "kubernetes"  # a Kubeflow PyTorchJob pod's MASTER_ADDR / MASTER_PORT
     ELASTIC = "elastic"  # --nnodes MIN:MAX through torch's c10d rendezvous
 
@@ -119,37 +132,92 @@ def resolve_nodes(
         raise UsageError(f"--nnodes {nnodes}: a job has at least 1 node.")
     if master_port is not None:
         check_port(master_port, "--master-port")
-    slurm = None
-    if in_srun_step(env) and (nnodes is None or nnodes > 1):
-        slurm = slurm_node_info(env)
-        for flag, mine, theirs, var in (
-            ("--nnodes", nnodes, slurm.nnodes, "SLURM_STEP_NUM_NODES"),
-            ("--node-rank", node_rank, slurm.node_rank, "SLURM_NODEID"),
-            ("--master-addr", master_addr, slurm.master_addr, "SLURM_STEP_NODELIST"),
-            ("--master-port", master_port, slurm.master_port, "SLURM_JOB_ID"),
-        ):
+    sched = scheduler_nodes(env, master_addr, master_port) if nnodes is None or nnodes > 1 else None
+    if sched is not None:
+        notes += sched.notes
+        for flag, mine, theirs, var in zip(("--nnodes", "--node-rank", "--master-addr", "--master-port"),
+                                           (nnodes, node_rank, master_addr, master_port),
+                                           sched.values, sched.variables, strict=True):
             if mine is not None and mine != theirs:
-                notes.append(f"{flag} {mine} overrides SLURM's {theirs} (from {var}): the flag wins")
-    n = nnodes if nnodes is not None else (slurm.nnodes if slurm else 1)
-    r = node_rank if node_rank is not None else (slurm.node_rank if slurm else 0)
+                notes.append(f"{flag} {mine} overrides {sched.name}'s {theirs} (from {var}): the flag wins")
+    n = nnodes if nnodes is not None else (sched.nnodes if sched else 1)
+    r = node_rank if node_rank is not None else (sched.node_rank if sched else 0)
     if not 0 <= r < n:
         raise UsageError(f"--node-rank {r} is outside 0..{n - 1} for {plural(n, 'node')}.")
     if n == 1:
         return NodeSetup(1, 0, master_addr or LOOPBACK, master_port, NodeSource.SINGLE, tuple(notes))
-    pod = None if master_addr or slurm else pytorchjob_master(env)
+    pod = None if master_addr or sched else pytorchjob_master(env)
     if pod is not None:  # a Kubeflow PyTorchJob pod names node 0 only as MASTER_ADDR / MASTER_PORT
         master_addr, master_port = pod.addr, master_port or pod.port
         notes.append(pod.note())
-    addr = master_addr or (slurm.master_addr if slurm else None)
+    addr = master_addr or (sched.master_addr if sched else None)
     if not addr:
         raise UsageError(
             f"--nnodes {n} needs --master-addr: the address of node 0, where a multi-node job's store runs "
             "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
         )
-    port = master_port or (slurm.master_port if slurm else DEFAULT_MASTER_PORT)
-    source = (NodeSource.SLURM if slurm and (nnodes is None or node_rank is None)
+    port = master_port or (sched.master_port if sched else DEFAULT_MASTER_PORT)
+    source = (sched.source if sched and (nnodes is None or node_rank is None)
               else NodeSource.KUBERNETES if pod else NodeSource.FLAGS)
     return NodeSetup(n, r, addr, port, source, tuple(notes))
+
+
+@dataclass(frozen=True)
+class SchedulerNodes:
+    """What a scheduler that started this launcher as one task per node says about the nodes."""
+
+    source: NodeSource
+    name: str  # for notes: "SLURM", "MPI", ...
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    variables: tuple[str, str, str, str]  # where nnodes, node_rank, master_addr, master_port came from
+    notes: tuple[str, ...] = ()
+
+    @property
+    def values(self) -> tuple[int, int, str, int]:
+        return self.nnodes, self.node_rank, self.master_addr, self.master_port
+
+
+def scheduler_nodes(env: Mapping[str, str], master_addr: str | None = None,
+                    master_port: int | None = None) -> SchedulerNodes | None:
+    """The scheduler that started this launcher, in the module docstring's order; None outside any. The flags'
+    --master-addr / --master-port stand in for MASTER_ADDR / MASTER_PORT where the scheduler's variables do not
+    name rank 0's host (MPI, jsrun)."""
+    overlay = {**env, **({"MASTER_ADDR": master_addr} if master_addr else {}),
+               **({"MASTER_PORT": str(master_port)} if master_port else {})}
+    for cls, source, name in ((MpiEnvironment, NodeSource.MPI, "MPI"), (JsrunEnvironment, NodeSource.LSF, "jsrun")):
+        if cls.detect(env):
+            named = overlay.get("MASTER_ADDR", "").strip()
+            ranks = cls({**overlay, "MASTER_ADDR": named or LOOPBACK})
+            if not named and ranks.local_world_size < ranks.world_size:
+                raise UsageError(
+                    f"this ddpboot launcher is {name} rank {ranks.global_rank} of {ranks.world_size}, on several "
+                    f"hosts, and nothing names node 0's host (where {name} rank 0 runs and the job's store listens). "
+                    "Pass --master-addr HOST (the same on every launcher), or export MASTER_ADDR before starting "
+                    "them (Open MPI forwards it with -x MASTER_ADDR)."
+                )
+            return _task_per_node(ranks, source, name)
+    if in_srun_step(env):
+        s = slurm_node_info(env)
+        return SchedulerNodes(NodeSource.SLURM, "SLURM", s.nnodes, s.node_rank, s.master_addr, s.master_port,
+                              ("SLURM_STEP_NUM_NODES", "SLURM_NODEID", "SLURM_STEP_NODELIST", "SLURM_JOB_ID"))
+    if in_pbsdsh_task(env):
+        p = pbs_node_info(env)
+        return SchedulerNodes(NodeSource.PBS, "PBS", p.nnodes, p.node_rank, p.master_addr, p.master_port,
+                              ("PBS_NODEFILE", "PBS_NODENUM", "PBS_NODEFILE", "PBS_JOBID"))
+    return None
+
+
+def _task_per_node(ranks: ClusterEnvironment, source: NodeSource, name: str) -> SchedulerNodes:
+    """One launcher per task: node rank = the task's rank, node count = the job's size."""
+    notes: tuple[str, ...] = ()
+    if ranks.local_world_size > 1:
+        notes = (f"{name} started {ranks.local_world_size} ddpboot launchers on this host: each is a node of its own "
+                 "(node rank = its rank), and they share this host's GPUs through the GPU locks",)
+    return SchedulerNodes(source, name, ranks.world_size, ranks.global_rank, ranks.main_address, ranks.main_port,
+                          (f"{name}'s size", f"{name}'s rank", "MASTER_ADDR", "MASTER_PORT"), notes)
 
 
 def check_resolvable(host: str, timeout: float = 5.0, option: str = "--master-addr") -> str:

@@ -26,11 +26,16 @@ launcher-specific. The launchers known today:
   the same values. As under ddpboot's rank isolation, the exported LOCAL_RANK is the index of the task's GPU among
   those it sees (0 once narrowed); `ctx.local_rank` and SLURM_LOCALID keep the true index. Worker rank 0 hosts the
   TCPStore (an inherited TORCHELASTIC_USE_AGENT_STORE is dropped: there is no agent under srun).
+- **MPI, jsrun, pbsdsh, a bare env:// launch** (`"mpi"`, `"lsf"`, `"pbs"`, `"env"`): ranks from each launcher's own
+  variables (docs/clusters.md has the table); like srun, init() narrows CUDA_VISIBLE_DEVICES where a rank sees its
+  node's GPUs and exports the torchrun contract. A bare env:// launch (RANK, WORLD_SIZE, MASTER_* only) is one
+  process per node, and init() says so with one DdpbootWarning.
 - **plain python** (`"none"`): a world of one. No process group is created (`ctx.backend is None`); every helper
   still works (`wrap` returns the moved model, `barrier` returns at once, `sampler` gives a one-replica sampler).
   A process group the script created itself before init() (mp.spawn style) is adopted, its ranks on one node.
 
-Another launcher (LSF, Kubernetes, ...) is one new `ddpboot.cluster.ClusterEnvironment` subclass; nothing here
+Another launcher is one new `ddpboot.cluster.ClusterEnvironment` subclass, declared as an entry point of the
+group `ddpboot.environments` (`ddpboot.cluster.plugins`) or passed as `init(environment=...)`; nothing here
 changes. The modules: `start` (init), `device` (which GPU), `guards` (the pitfall warnings), `backend`, `helpers`
 (wrap, sampler, barrier, ...), `context` (the Context and shutdown) and `exiting` (what runs at interpreter exit).
 

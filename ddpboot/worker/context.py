@@ -60,6 +60,8 @@ class WorkerState:
     owns_group: bool = False
     """False when init() adopted a process group the script had created itself (the script destroys it)."""
     atexit_registered: bool = False
+    plugins_reported: bool = False
+    """Whether init() has warned about the environment plugins that could not be loaded (once per process)."""
     kept_environment: ClusterEnvironment | None = None
     """The environment of an init() that exported the torchrun contract itself (under srun). Kept, because those
     variables must not make a later init() (after shutdown()) mistake the job for a torchrun one."""

@@ -25,6 +25,12 @@ def pitfall(strict: bool, error: type[PitfallError], message: str) -> None:
     """Raise under strict=True; otherwise warn, attributed to the first caller outside the worker package."""
     if strict:
         raise error(message)
+    note(message)
+
+
+def note(message: str) -> None:
+    """Warn with DdpbootWarning, attributed to the first caller outside the worker package; never raises (for what
+    ddpboot assumed, rather than a pitfall that strict=True turns into an error)."""
     level = 1
     frame = sys._getframe(0)
     while frame.f_back is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:

@@ -15,20 +15,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpboot.cluster import ClusterEnvironment, LocalEnvironment, detect_environment
+from ddpboot.cluster import ClusterEnvironment, LocalEnvironment, detect_environment, plugin_failures
 from ddpboot.contract import STACKS_VAR, register_stacks
 from ddpboot.errors import WorkerEnvError, WorkerSetupError
 from ddpboot.worker.backend import check_backend_usable, normalize_backend, uses_nccl
 from ddpboot.worker.context import STATE, Context
 from ddpboot.worker.device import choose_device
 from ddpboot.worker.exiting import RECORDER, shutdown_at_exit
-from ddpboot.worker.guards import check_visible_devices
+from ddpboot.worker.guards import check_visible_devices, note
 
 
 def init(
     backend: str | None = None,
     timeout: float | timedelta | None = None,
     strict: bool = False,
+    environment: ClusterEnvironment | type[ClusterEnvironment] | None = None,
 ) -> Context:
     """Join the job this process belongs to and return its `Context`; a second call returns the same one.
 
@@ -36,6 +37,8 @@ def init(
       composite like `cpu:gloo,cuda:nccl`) overrides it.
     timeout: seconds (or a timedelta) for collectives and the rendezvous; None keeps torch's default.
     strict: pitfall guards raise a `ddpboot.PitfallError` subclass instead of warning with `DdpbootWarning`.
+    environment: a `ddpboot.cluster.ClusterEnvironment` (an instance, or a subclass, built from os.environ) that
+      says where this process's ranks come from, instead of detecting the launcher (ddpboot.cluster's order).
 
     The device is chosen and `torch.cuda.set_device` called before `init_process_group`, so NCCL and every later
     `.cuda()` land on this rank's GPU. `ddpboot.shutdown()` runs at exit. Under ddpboot's launcher, faulthandler
@@ -51,8 +54,9 @@ def init(
                 )
             return STATE.context
         requested = normalize_backend(backend) if backend is not None else None
+        chosen = _given_environment(environment)
         register_stacks(os.environ.get(STACKS_VAR))  # `ddpboot stacks` without py-spy (launch/stacks/collect.py)
-        STATE.context, STATE.owns_group = _start(requested, _as_timedelta(timeout), strict)
+        STATE.context, STATE.owns_group = _start(requested, _as_timedelta(timeout), strict, chosen)
         if not STATE.atexit_registered:
             RECORDER.install()
             atexit.register(shutdown_at_exit)
@@ -78,9 +82,24 @@ def _as_timedelta(timeout: float | timedelta | None) -> timedelta | None:
     return timedelta(seconds=float(timeout))
 
 
-def _start(requested: str | None, timeout: timedelta | None, strict: bool) -> tuple[Context, bool]:
+def _given_environment(given: object) -> ClusterEnvironment | None:
+    """init(environment=...): an instance as it is, a subclass built from os.environ; checked before anything."""
+    if given is None or isinstance(given, ClusterEnvironment):
+        return given
+    if isinstance(given, type) and issubclass(given, ClusterEnvironment):
+        return given(os.environ)
+    raise WorkerSetupError(
+        f"ddpboot.init(environment={given!r}): give a ddpboot.cluster.ClusterEnvironment instance or subclass. "
+        "Fix: pass environment=None to detect the launcher, or your ClusterEnvironment subclass."
+    )
+
+
+def _start(
+    requested: str | None, timeout: timedelta | None, strict: bool, given: ClusterEnvironment | None
+) -> tuple[Context, bool]:
     """The new Context, and whether init() created (and so owns) the process group."""
-    env = _joined_environment()
+    env = given if given is not None else _joined_environment()
+    _report(env)
     check_visible_devices(env, strict)
     device, uuids = choose_device(env, strict)
     backend, owns_group = _join_group(env, requested, timeout, device)
@@ -97,6 +116,14 @@ def _start(requested: str | None, timeout: timedelta | None, strict: bool) -> tu
         strict=strict,
     )
     return ctx, owns_group
+
+
+def _report(env: ClusterEnvironment) -> None:
+    """One DdpbootWarning per assumption the environment made, and per plugin that could not be loaded (once)."""
+    failures = () if STATE.plugins_reported else plugin_failures()
+    STATE.plugins_reported = STATE.plugins_reported or bool(failures)
+    for message in (*failures, *env.notes):
+        note(message)
 
 
 def _joined_environment() -> ClusterEnvironment:

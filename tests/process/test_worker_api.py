@@ -269,6 +269,24 @@ def test_under_simulated_srun(tmp_path: Path) -> None:
         assert r["init_warnings"] == []
 
 
+def test_plain_env_init_without_local_ranks(tmp_path: Path) -> None:
+    """A hand-rolled launcher (or a PyTorchJob pod) that sets only RANK, WORLD_SIZE and MASTER_*: each process is
+    local rank 0 of 1 on its own node, init() says so once, and exports the rest of torchrun's contract."""
+    port = free_port()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": ""}
+    run_job([(probe(tmp_path), base_env(RANK=str(r), **env)) for r in range(2)])
+    reps = reports(tmp_path, 2)
+    check_job(reps, "env", "gloo", "cpu")
+    for r in reps:
+        c = r["context"]
+        assert (c["local_rank"], c["local_world_size"], c["node_rank"]) == (0, 1, c["rank"])
+        exported = (r["env"]["LOCAL_RANK"], r["env"]["LOCAL_WORLD_SIZE"], r["env"]["GROUP_RANK"])
+        assert exported == ("0", "1", str(c["rank"]))
+        [w] = r["init_warnings"]
+        assert w["category"] == "DdpbootWarning" and w["file"] == PROBE.name
+        assert "LOCAL_RANK and LOCAL_WORLD_SIZE are not" in w["message"] and "local rank 0 of 1" in w["message"]
+
+
 def test_plain_python(tmp_path: Path) -> None:
     run_job([(probe(tmp_path), base_env(CUDA_VISIBLE_DEVICES=""))])
     [r] = reports(tmp_path, 1)

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ddpboot.cluster.base import job_port
 from ddpboot.errors import UsageError
 from ddpboot.nodes.static import (
     check_resolvable,
@@ -140,3 +143,53 @@ def test_endpoints() -> None:
     assert parse_endpoint("node1:0") == ("node1", 0)  # no port: the caller's default
     with pytest.raises(UsageError, match="99999 is not a TCP port"):
         parse_endpoint("node1:99999")
+
+
+# --- one launcher per node under MPI, jsrun and pbsdsh ------------------------------------------------------------
+
+MPIRUN = {  # launcher 1 of `mpirun --map-by ppr:1:node -np 2 ddpboot ...` (Open MPI), on the second host
+    "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_MCA_ess_base_jobid": "77",
+}
+
+
+def test_mpi_one_launcher_per_node() -> None:
+    with pytest.raises(UsageError, match=r"MPI rank 1 of 2, on several hosts.*Pass --master-addr HOST"):
+        resolve_nodes(MPIRUN)
+    s = resolve_nodes({**MPIRUN, "MASTER_ADDR": "gpu07"})
+    assert (s.nnodes, s.node_rank, s.master_addr, s.source) == (2, 1, "gpu07", "mpi")
+    assert s.master_port == job_port("OMPI_MCA_ess_base_jobid=77") and s.notes == ()
+    flagged = resolve_nodes(MPIRUN, master_addr="10.0.0.7", master_port=4000)
+    assert (flagged.master_addr, flagged.master_port, flagged.source) == ("10.0.0.7", 4000, "mpi")
+    assert "overrides" not in " ".join(flagged.notes)  # the flags named what MPI does not
+
+
+def test_mpi_launchers_sharing_a_host_are_nodes_of_their_own() -> None:
+    env = {**MPIRUN, "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    s = resolve_nodes(env)
+    assert (s.nnodes, s.node_rank, s.master_addr, s.source) == (2, 1, "127.0.0.1", "mpi")
+    [note] = s.notes
+    assert "MPI started 2 ddpboot launchers on this host" in note
+    assert resolve_nodes(env, nnodes=1).source == "single"  # --nnodes 1 keeps one node
+
+
+def test_jsrun_one_launcher_per_node() -> None:
+    env = {"JSM_NAMESPACE_RANK": "2", "JSM_NAMESPACE_SIZE": "4", "JSM_NAMESPACE_LOCAL_RANK": "0",
+           "JSM_NAMESPACE_LOCAL_SIZE": "1", "LSB_JOBID": "9", "MASTER_ADDR": "a01n01"}
+    s = resolve_nodes(env)
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (
+        4, 2, "a01n01", job_port("LSB_JOBID=9"), "lsf")
+
+
+def test_pbsdsh_one_launcher_per_host(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n07\nn07\nn12\nn12\n")
+    env = {"PBS_JOBID": "55.pbs", "PBS_NODEFILE": str(nodefile), "PBS_VNODENUM": "2", "PBS_TASKNUM": "3",
+           "PBS_NODENUM": "1"}
+    s = resolve_nodes(env)
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (
+        2, 1, "n07", job_port("PBS_JOBID=55.pbs"), "pbs")
+    # the batch script (task 1) is one node, as any shell
+    assert resolve_nodes({**env, "PBS_TASKNUM": "1"}).source == "single"
+    s = resolve_nodes(env, node_rank=0)
+    assert s.source == "pbs" and any("--node-rank 0 overrides PBS's 1 (from PBS_NODENUM)" in n for n in s.notes)

@@ -28,7 +28,8 @@ def test_import_ddpboot_does_not_import_torch() -> None:
 def test_lazy_exports_are_the_worker_objects() -> None:
     assert ddpboot.init is worker.init and ddpboot.Context is worker.Context
     assert issubclass(ddpboot.DdpbootWarning, UserWarning)
-    assert set(worker.__all__) == {n for n in ddpboot.__all__ if n not in ("__version__", "DdpbootError", "PitfallError")}
+    without_torch = ("__version__", "DdpbootError", "PitfallError")
+    assert set(worker.__all__) == {n for n in ddpboot.__all__ if n not in without_torch}
     assert all(getattr(ddpboot, n) is getattr(worker, n) for n in worker.__all__)
     # the errors a script catches (init(strict=True) raises a PitfallError) come without torch
     from ddpboot.errors import DdpbootError, PitfallError

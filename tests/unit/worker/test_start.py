@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 import ddpboot
+import ddpboot.cluster
+from ddpboot.cluster.plugins import installed_plugins
 from ddpboot.errors import (
     DdpbootError,
     NotInitializedError,
@@ -148,3 +150,54 @@ def test_plain_python_world_of_one(tmp_path: Path, capsys: pytest.CaptureFixture
         torch.save({"w": torch.ones(2)}, tmp_path / "ckpt.pt")
         assert ddpboot.load(tmp_path / "ckpt.pt")["w"].device == torch.device("cpu")
         assert ddpboot.load(tmp_path / "ckpt.pt", map_location="meta")["w"].is_meta
+
+
+class _OwnEnvironment(ddpboot.cluster.ClusterEnvironment):
+    """A site's launcher, given to init() by the script: a world of one that joins no group (so no store here)."""
+
+    name = "site"
+    joins_group = False
+
+    @classmethod
+    def detect(cls, env: object) -> bool:
+        return False
+
+    def __init__(self, env: object) -> None:
+        self._rank, self._world_size, self._local_rank, self._local_world_size = 0, 1, 0, 1
+        self._node_rank, self._nnodes, self._main_address, self._main_port = 0, 1, "", 0
+
+
+@pytest.mark.parametrize("given", [_OwnEnvironment, _OwnEnvironment({})])
+def test_init_takes_the_script_s_own_environment(given: object, torchrun_env: TorchrunEnv) -> None:
+    # it wins over what detection would find (here a half-set torchrun environment, which would be an error)
+    torchrun_env(LOCAL_RANK=None)
+    ctx = ddpboot.init(environment=given)  # type: ignore[arg-type]
+    assert (ctx.launcher, ctx.rank, ctx.world_size, ctx.backend) == ("site", 0, 1, None)
+
+
+@pytest.mark.parametrize("given", ["slurm", 3, object])
+def test_init_refuses_an_environment_that_is_not_one(given: object) -> None:
+    with pytest.raises(WorkerSetupError, match=r"environment=.*ClusterEnvironment instance or subclass"):
+        ddpboot.init(environment=given)  # type: ignore[arg-type]
+    assert_untouched()
+
+
+def test_a_broken_environment_plugin_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = tmp_path / "broken_envs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ddpboot.environments]\nbroken = broken_envs_missing:Env\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    installed_plugins.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            ctx = ddpboot.init()
+            ddpboot.shutdown()
+            ddpboot.init()  # said once per process
+    finally:
+        installed_plugins.cache_clear()
+    assert ctx.launcher == "none"
+    [w] = [w for w in got if issubclass(w.category, ddpboot.DdpbootWarning)]
+    assert "broken = 'broken_envs_missing:Env'" in str(w.message) and "ModuleNotFoundError" in str(w.message)
+    assert w.filename == __file__

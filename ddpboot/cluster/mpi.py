@@ -1,0 +1,174 @@
+"""MPI launchers: ranks started by `mpirun` / `mpiexec` (Open MPI, MPICH and Intel MPI's Hydra, MVAPICH, Cray PALS).
+
+Every MPI launcher gives each process its rank, the job's size, its node-local rank and the node's process count in
+variables of its own (the `FLAVOURS` table, asked in order; the first whose four values are all present wins). A
+launcher that gives fewer is not taken for MPI: `srun --mpi=pmi2` sets PMI_RANK and PMI_SIZE but no local rank, and
+its SLURM variables describe the task fully. PMIx puts only PMIX_RANK and PMIX_NAMESPACE in the environment (the
+sizes live in its server); the launchers that speak it give the sizes in their own variables (Open MPI's
+OMPI_COMM_WORLD_*, srun's SLURM_*, jsrun's JSM_NAMESPACE_*), and PMIX_NAMESPACE names the job.
+
+The store address, which no MPI variable gives (only rank 0 knows its host, and the ranks have no channel before
+they meet; Lightning asks mpi4py, which needs MPI_Init in every rank):
+
+- MASTER_ADDR when set (export it in the job script; Open MPI forwards it with `-x MASTER_ADDR`, Hydra forwards the
+  whole environment); otherwise, when every rank runs on this host (local size == size), loopback; otherwise an
+  error that says what to set.
+- MASTER_PORT when set; otherwise a port derived from a value the launcher gives every rank of the job alike (Open
+  MPI's job id, the PMIx namespace, PALS_APID); where it gives none (Hydra, MVAPICH), on one host, from the pid of
+  the launcher's process on this node that started the ranks (hydra_pmi_proxy, mpispawn); on several hosts
+  torchrun's default 29500.
+
+Node rank and count: PALS_NODEID and Open MPI's node count where given; otherwise derived from mpirun's default
+placement (consecutive ranks fill a node): node = rank // local size. They only inform (`ctx.node_rank`,
+GROUP_RANK); the ranks meet by rank and address.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, NamedTuple
+
+from ddpboot.cluster.base import (
+    ClusterEnvironment,
+    check_below,
+    first_set,
+    job_port,
+    one_gpu_each,
+    parse_int,
+    parse_port,
+    read_ranks,
+    store_host,
+)
+from ddpboot.errors import WorkerEnvError
+
+DEFAULT_PORT = 29500  # torchrun's default MASTER_PORT
+
+
+class Flavour(NamedTuple):
+    """The variables one MPI launcher gives each rank (first set of each tuple wins)."""
+
+    name: str
+    rank: tuple[str, ...]
+    size: tuple[str, ...]
+    local_rank: tuple[str, ...]
+    local_size: tuple[str, ...]
+    job: tuple[str, ...] = ()  # the same on every rank of the job
+    nnodes: tuple[str, ...] = ()
+    node_rank: tuple[str, ...] = ()
+
+
+FLAVOURS: tuple[Flavour, ...] = (
+    Flavour("Open MPI", ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE",), job=("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"),
+            nnodes=("OMPI_MCA_orte_num_nodes",)),
+    Flavour("MVAPICH", ("MV2_COMM_WORLD_RANK",), ("MV2_COMM_WORLD_SIZE",), ("MV2_COMM_WORLD_LOCAL_RANK",),
+            ("MV2_COMM_WORLD_LOCAL_SIZE", "MPISPAWN_LOCAL_NPROCS"), job=("PMIX_NAMESPACE",)),
+    Flavour("Cray PALS", ("PALS_RANKID",), ("PMI_SIZE", "PALS_SIZE"), ("PALS_LOCAL_RANKID",),
+            ("PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE"), job=("PALS_APID",), node_rank=("PALS_NODEID",)),
+    Flavour("MPICH/Intel MPI (Hydra)", ("PMI_RANK",), ("PMI_SIZE",), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+            ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), job=("PMIX_NAMESPACE",)),
+)
+
+LAUNCHER_PROCESSES = frozenset({
+    "hydra_pmi_proxy", "mpiexec.hydra", "mpiexec", "mpirun", "mpiexec.mpich", "mpirun.mpich", "mpirun.openmpi",
+    "mpiexec.openmpi", "orted", "prted", "prterun", "mpispawn", "mpirun_rsh", "mpiexec.mpirun_r",
+})
+"""Command names (/proc/PID/comm, at most 15 characters) of the MPI processes that start ranks on a node."""
+
+
+def mpi_flavour(env: Mapping[str, str]) -> Flavour | None:
+    """The first flavour whose rank, size, local rank and local size variables are all set, or None."""
+    for flavour in FLAVOURS:
+        if all(first_set(env, names) for names in (flavour.rank, flavour.size, flavour.local_rank,
+                                                   flavour.local_size)):
+            return flavour
+    return None
+
+
+def launcher_pid(names: frozenset[str] = LAUNCHER_PROCESSES, proc: str = "/proc") -> int | None:
+    """The pid of this process's nearest ancestor whose command is one of `names`, or None (no /proc, none found)."""
+    pid = os.getppid()
+    for _ in range(64):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        comm, _, rest = stat.partition("(")[2].rpartition(")")
+        if comm in names:
+            return pid
+        pid = int(rest.split()[1])  # the fields after the command: state, ppid, ...
+    return None
+
+
+class MpiEnvironment(ClusterEnvironment):
+    """One MPI rank per process (`mpirun -np 4 python train.py`): ranks from the MPI launcher's variables."""
+
+    name: ClassVar[str] = "mpi"
+    local_rank_var: ClassVar[str] = "the MPI local rank"
+    narrows_visible_devices: ClassVar[bool] = True
+    task_noun: ClassVar[str] = "MPI rank"
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return mpi_flavour(env) is not None
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        flavour = mpi_flavour(env)
+        if flavour is None:
+            raise WorkerEnvError("no MPI launcher's rank variables are set (OMPI_COMM_WORLD_RANK, PMI_RANK, ...).")
+        self.flavour = flavour
+        context = f"{flavour.name}'s mpirun sets it for every rank it starts."
+        self._rank, self._world_size, self._local_rank, self._local_world_size = read_ranks(
+            env, flavour.rank, flavour.size, flavour.local_rank, flavour.local_size, context)
+        self._nnodes, self._node_rank = self._nodes(env, flavour)
+        one_host = self._local_world_size == self._world_size
+        self._main_address = store_host(env, one_host, _address_fix(flavour))
+        self._main_port = _store_port(env, flavour, one_host)
+
+    def _nodes(self, env: Mapping[str, str], flavour: Flavour) -> tuple[int, int]:
+        """(nnodes, node_rank): the launcher's own values where it gives them, else mpirun's default placement."""
+        derived = -(-self._world_size // self._local_world_size)
+        found = first_set(env, flavour.nnodes)
+        nnodes = parse_int(found[0], found[1], minimum=1) if found else derived
+        found = first_set(env, flavour.node_rank)
+        node_rank = parse_int(*found) if found else min(self._rank // self._local_world_size, nnodes - 1)
+        check_below(found[0] if found else "the MPI node index", node_rank, "the node count", nnodes)
+        return nnodes, node_rank
+
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        """Each rank of a node that sees all the node's GPUs takes the one of its local rank."""
+        return one_gpu_each(
+            entries, visible_count, self._local_rank, self._local_world_size, "mpirun",
+            f"start at most {visible_count} ranks per node (Open MPI: --map-by ppr:{visible_count}:node; "
+            f"MPICH: -ppn {visible_count}).",
+        )
+
+    def describe(self) -> str:
+        return f"{super().describe()} ({self.flavour.name})"
+
+
+def _address_fix(flavour: Flavour) -> str:
+    forward = ("mpirun -x MASTER_ADDR -x MASTER_PORT ..." if flavour.name == "Open MPI"
+               else "mpiexec passes the environment on")
+    return (f"{flavour.name}'s variables do not say which host runs rank 0, where the rendezvous store listens. "
+            "Fix: in the job script, before mpirun, export MASTER_ADDR=$(hostname) (the host where rank 0 starts, "
+            f"the first of the host list) and MASTER_PORT=29500 ({forward}), or start one ddpboot launcher per node "
+            "(`mpirun --map-by ppr:1:node ddpboot --nproc N --master-addr HOST train.py`).")
+
+
+def _store_port(env: Mapping[str, str], flavour: Flavour, one_host: bool) -> int:
+    """MASTER_PORT; else derived from the job's id; else, on one host, from the node's MPI launcher process."""
+    explicit = first_set(env, ["MASTER_PORT"])
+    if explicit is not None:
+        return parse_port(*explicit)
+    job = first_set(env, flavour.job)
+    if job is not None:
+        return job_port(f"{job[0]}={job[1]}")
+    pid = launcher_pid() if one_host else None
+    if pid is not None:
+        return job_port(f"pid={pid}")
+    return DEFAULT_PORT

@@ -1,0 +1,114 @@
+"""PBS (Torque, OpenPBS, PBS Professional): ranks started by `pbsdsh`, and the node file both patterns read.
+
+A PBS job's hosts are in the file PBS_NODEFILE, one line per slot (a host with 4 slots appears 4 times, its lines
+together), in the order PBS gave them; PBS_JOBID names the job. Under `mpiexec` the MPI launcher's variables
+describe each rank (`ddpboot.cluster.mpi`); this module reads the `pbsdsh` case, where the PBS task manager starts
+the processes itself:
+
+- Torque's pbs_mom gives every task PBS_TASKNUM (the job's task id, counted from 1 on the first node, where task 1
+  is the batch script itself), PBS_NODENUM (the index of the task's node among the job's nodes) and PBS_VNODENUM
+  (the line of the node file the task was started for; 0 in the batch script).
+- `pbsdsh prog` starts one task per line of the node file: task k is rank k (PBS_VNODENUM), the world is the number
+  of lines, and rank 0 runs on the first host, which is where the store listens. `pbsdsh -u` starts one per host:
+  the pattern for one ddpboot launcher per node (`pbs_node_info`).
+
+A process is a pbsdsh task when PBS_VNODENUM is set and PBS_TASKNUM is above 1: the batch script has the same
+variables with task 1, and reading it as rank 0 of the node file would make it wait for ranks that never start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, NamedTuple
+
+from ddpboot.cluster.base import (
+    ClusterEnvironment,
+    check_below,
+    first_set,
+    job_port,
+    one_gpu_each,
+    parse_port,
+    read_int,
+    require,
+)
+from ddpboot.errors import WorkerEnvError
+
+_CONTEXT = "PBS sets it for every task of a job; is this process running under PBS (qsub, then pbsdsh)?"
+
+
+def read_node_file(env: Mapping[str, str]) -> list[str]:
+    """PBS_NODEFILE's hosts, one per slot, in order."""
+    _, path = require(env, "PBS_NODEFILE", _CONTEXT)
+    try:
+        with open(path, encoding="utf-8") as f:
+            hosts = [line.strip() for line in f if line.strip()]
+    except OSError as exc:
+        raise WorkerEnvError(f"PBS_NODEFILE={path!r} cannot be read: {exc.strerror}.") from None
+    if not hosts:
+        raise WorkerEnvError(f"PBS_NODEFILE={path!r} is empty: PBS lists the job's hosts there, one per slot.")
+    return hosts
+
+
+def unique_hosts(hosts: Sequence[str]) -> list[str]:
+    """The hosts in order of first appearance."""
+    return list(dict.fromkeys(hosts))
+
+
+def in_pbsdsh_task(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task pbsdsh started (not the batch script, task 1)."""
+    task = first_set(env, ["PBS_TASKNUM"])
+    return (first_set(env, ["PBS_JOBID"]) is not None and first_set(env, ["PBS_VNODENUM"]) is not None
+            and task is not None and task[1].isdecimal() and int(task[1]) > 1)
+
+
+def pbs_port(env: Mapping[str, str]) -> int:
+    """MASTER_PORT when set, else derived from PBS_JOBID (the same for every task of the job)."""
+    explicit = first_set(env, ["MASTER_PORT"])
+    if explicit is not None:
+        return parse_port(*explicit)
+    return job_port("PBS_JOBID=" + require(env, "PBS_JOBID", _CONTEXT)[1])
+
+
+class PbsNodeInfo(NamedTuple):
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
+def pbs_node_info(env: Mapping[str, str]) -> PbsNodeInfo:
+    """Node count (hosts of the node file), this node's rank (PBS_NODENUM) and the store address (the first host)
+    for one launcher per host (`pbsdsh -u ddpboot ...`)."""
+    hosts = unique_hosts(read_node_file(env))
+    _, node = read_int(env, "PBS_NODENUM", _CONTEXT)
+    check_below("PBS_NODENUM", node, "the hosts of PBS_NODEFILE", len(hosts))
+    return PbsNodeInfo(len(hosts), node, hosts[0], pbs_port(env))
+
+
+class PbsEnvironment(ClusterEnvironment):
+    """One pbsdsh task per slot of the node file (`pbsdsh python train.py`, or `pbsdsh -- bash -lc '...'`)."""
+
+    name: ClassVar[str] = "pbs"
+    local_rank_var: ClassVar[str] = "the PBS local rank"
+    narrows_visible_devices: ClassVar[bool] = True
+    task_noun: ClassVar[str] = "pbsdsh task"
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return in_pbsdsh_task(env)
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        slots = read_node_file(env)
+        self._world_size = len(slots)
+        _, self._rank = read_int(env, "PBS_VNODENUM", _CONTEXT)
+        check_below("PBS_VNODENUM", self._rank, "the lines of PBS_NODEFILE", self._world_size)
+        host = slots[self._rank]
+        self._local_rank = slots[: self._rank].count(host)
+        self._local_world_size = slots.count(host)
+        hosts = unique_hosts(slots)
+        self._nnodes, self._node_rank = len(hosts), hosts.index(host)
+        self._main_address, self._main_port = slots[0], pbs_port(env)
+
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        return one_gpu_each(entries, visible_count, self._local_rank, self._local_world_size, "pbsdsh",
+                            "request as many slots (ppn / ncpus) per host as it has GPUs, or use mpiexec.")
