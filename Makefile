@@ -29,12 +29,18 @@ demo: venv
 # config, ports and munged, beside any real SLURM installation), stopped afterwards whatever the result; elsewhere,
 # or with DDPBOOT_NO_SLURM=1, they skip and say why. If the cluster cannot start, the other tests still run (the
 # SLURM tests skip) and make fails at the end.
+# In the same way the MPI tests get Open MPI and MPICH (scripts/ci/mpi-up installs Debian's openmpi-bin and mpich when
+# missing; DDPBOOT_NO_MPI=1 skips it); if that fails, the MPI tests skip and make fails at the end.
 WITH_SLURM = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_SLURM:-}" != 1 ]
+WITH_MPI = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_MPI:-}" != 1 ]
 test: venv
-	@up=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
+	@up=0; mpi=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
+	if $(WITH_MPI); then scripts/ci/mpi-up || mpi=$$?; fi; \
 	rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; \
 	if [ $$up != 0 ]; then echo "make test: scripts/ci/slurm-up failed (exit $$up): the SLURM tests skipped" >&2; \
-	[ $$rc != 0 ] || rc=$$up; fi; exit $$rc
+	[ $$rc != 0 ] || rc=$$up; fi; \
+	if [ $$mpi != 0 ]; then echo "make test: scripts/ci/mpi-up failed (exit $$mpi): the MPI tests skipped" >&2; \
+	[ $$rc != 0 ] || rc=$$mpi; fi; exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit
