@@ -153,10 +153,10 @@ def shown_default(param: Any, ctx: Any) -> str:
     if param.show_default is False or param.param_type_name == "argument":
         return ""
     value = param.get_default(ctx, call=False)
+    if getattr(param, "is_flag", False) and param.secondary_opts:
+        return str(param.opts[0] if value else param.secondary_opts[0])
     if callable(value) or value in (None, "", False) or value == ():
         return ""
-    if getattr(param, "is_flag", False):
-        return param.opts[0] if value else (param.secondary_opts[0] if param.secondary_opts else "")
     return str(value)
 
 
