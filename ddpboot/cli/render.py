@@ -92,7 +92,7 @@ def print_records(columns: list[Column]) -> None:
     key_width = max((len(c.header) for c in rest), default=0) + 2
     room = con.width - key_width - 2
     for i in range(len(columns[0].cells) if columns else 0):
-        title = " · ".join(f"{c.header} {c.cells[i]}" for c in named if c.cells[i].strip())
+        title = " · ".join(f"{c.header} {c.cells[i].strip()}" for c in named if c.cells[i].strip())
         first = bool(columns[0].cells[i].strip())
         if first and i:
             con.print()
