@@ -24,12 +24,14 @@ it, which `ddpboot.init()` gives as one warning.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ddpboot.cluster.base import ClusterEnvironment
+
+if TYPE_CHECKING:  # importlib.metadata costs the launcher ~8 ms at start; it is imported when the plugins are read
+    from importlib.metadata import EntryPoint
 
 GROUP = "ddpboot.environments"
 
@@ -41,7 +43,7 @@ class Plugins(NamedTuple):
     failures: tuple[str, ...]
 
 
-def load_plugins(entry_points: Iterable[importlib.metadata.EntryPoint]) -> Plugins:
+def load_plugins(entry_points: Iterable[EntryPoint]) -> Plugins:
     """Load each entry point (sorted by name, then value); skip and describe the ones that fail."""
     classes: list[type[ClusterEnvironment]] = []
     failures: list[str] = []
@@ -65,6 +67,8 @@ def load_plugins(entry_points: Iterable[importlib.metadata.EntryPoint]) -> Plugi
 @functools.cache
 def installed_plugins() -> Plugins:
     """The installed entry points of GROUP, loaded on the first call and kept for the life of the process."""
+    import importlib.metadata
+
     return load_plugins(importlib.metadata.entry_points(group=GROUP))
 
 
@@ -73,7 +77,7 @@ def plugin_failures() -> tuple[str, ...]:
     return installed_plugins().failures if installed_plugins.cache_info().currsize else ()
 
 
-def _describe(ep: importlib.metadata.EntryPoint) -> str:
+def _describe(ep: EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     source = f" (declared by {dist.name} {dist.version})" if dist is not None else ""
     return f"the cluster environment entry point {ep.name} = {ep.value!r} of group {GROUP}{source}"
