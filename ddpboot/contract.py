@@ -83,13 +83,14 @@ STACKS_END_LINE = "ddpboot: stacks: end"
 """The first words of the last line of every stack dump the launcher prints (a caller that sent STACKS_SIGNAL waits
 for it)."""
 RANK_STACKS_SIGNAL: int = signal.SIGRTMIN + 3
-"""The signal on which a rank's `faulthandler` writes every thread's Python stack (registered by `ddpboot.init()`
-and by the fast-start process in each rank): the fallback when py-spy is missing or not permitted. A real-time
-signal nobody else uses; the launcher sends it only to a rank whose /proc status shows it caught."""
+"""The signal on which a rank's `faulthandler` writes every thread's Python stack (registered before the script's
+first line by the rank bootstrap of every exec'd Python rank and by the fast-start process, and by `ddpboot.init()`):
+the fallback when py-spy is missing or not permitted. A real-time signal nobody else uses; the launcher sends it
+only to a rank whose /proc status shows it caught."""
 STACKS_VAR = "DDPBOOT_STACKS"
 """`SIGNO:PATH`: where a rank's faulthandler appends its stacks on signal SIGNO (RANK_STACKS_SIGNAL), set by the
-launcher; read by `ddpboot.init()` and by the fast-start process (which writes the parsing again: it imports
-nothing of ddpboot)."""
+launcher; read by register_stacks (`ddpboot.init()`), by the rank bootstrap (launch/bootstrap.py) and by the
+fast-start process, which both write the parsing again (they import nothing of ddpboot)."""
 
 
 def stacks_spec(signo: int, path: str) -> str:

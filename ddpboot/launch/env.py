@@ -23,6 +23,7 @@ from ddpboot.contract import (
     stacks_file,
     stacks_spec,
 )
+from ddpboot.launch.bootstrap import KINDS, rank_argv
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -114,7 +115,8 @@ def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
 
 
 def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
-    """The exact argv of one worker (`python -u SCRIPT ARGS` as torchrun runs it)."""
+    """One worker's command as torchrun runs it (`python -u SCRIPT ARGS`): what `--dry-run` and the failure report
+    show. A Python rank is started through the rank bootstrap instead (exec_argv), which runs exactly this."""
     args = substitute_local_rank(target.args, local_rank)
     if target.kind == "script":
         return [python, "-u", target.name, *args]
@@ -123,3 +125,15 @@ def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
     if target.kind == "run_path":
         return [python, "-u", "-c", RUN_PATH_CODE, target.name, *args]
     return [target.name, *args]
+
+
+_SHOWN_PREFIX = {"script": 2, "module": 3, "run_path": 4}  # the words before NAME in worker_argv's command
+
+
+def exec_argv(kind: str, argv: Sequence[str]) -> list[str]:
+    """What is exec'd for a worker whose command (worker_argv) is `argv`: a Python target's runs through the rank
+    bootstrap (launch/bootstrap.py: faulthandler on the stacks signal, then the script as python runs it); a
+    `--no-python` program is exec'd as it is."""
+    if kind not in KINDS:
+        return list(argv)
+    return rank_argv(argv[0], kind, argv[_SHOWN_PREFIX[kind]], argv[_SHOWN_PREFIX[kind] + 1:])

@@ -4,9 +4,10 @@ faulthandler the rank registered (ddpboot/contract.py STACKS_VAR).
 py-spy (`pip install ddpboot[debug]`) reads a process's memory with ptrace: it sees every thread, whatever it waits
 in, and needs no cooperation from the rank; it fails where ptrace is restricted (Yama's ptrace_scope, a container
 without CAP_SYS_PTRACE), and then says so. The fallback sends RANK_STACKS_SIGNAL to a rank that registered
-faulthandler on it (`ddpboot.init()`, and every rank the fast-start process forks) and reads what it appended to its
-stacks file; a rank whose /proc status does not show the signal caught is never sent it (its default action would
-kill the rank). DDPBOOT_STACKS_BACKEND=py-spy|faulthandler forces one backend (auto: the default).
+faulthandler on it (every Python rank, before its script's first line: the rank bootstrap, launch/bootstrap.py, and
+the fast-start process; `ddpboot.init()` too) and reads what it appended to its stacks file; a rank whose /proc
+status does not show the signal caught is never sent it (its default action would kill the rank).
+DDPBOOT_STACKS_BACKEND=py-spy|faulthandler forces one backend (auto: the default).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _faulthandler(targets: Sequence[RankTarget], problems: Mapping[int, str]) ->
     for t in targets:
         why = problems.get(t.pid)
         if t.stacks_file is None or not catches(t.pid, RANK_STACKS_SIGNAL):
-            reason = "the rank registered no faulthandler (it did not call ddpboot.init() and was not fast-started)"
+            reason = "the rank registered no faulthandler (a --no-python program registers none)"
             out[t.pid] = RankStack(t, "", None, f"{why}; {reason}" if why else reason)
             continue
         sent[t.pid] = _size(t.stacks_file)

@@ -12,6 +12,7 @@ import os
 import selectors
 from typing import Protocol
 
+from ddpboot.launch.env import exec_argv
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.spawn import spawn
@@ -44,10 +45,14 @@ class Starter(Protocol):
 
 
 class ExecStarter:
-    """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py)."""
+    """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py); a Python target's through the
+    rank bootstrap (launch/env.py exec_argv)."""
+
+    def __init__(self, kind: str = "binary") -> None:
+        self.kind = kind  # the target's kind (launch/spec.py Target)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        return spawn(worker.argv, worker.env, stdout, stderr, cpus=worker.slot.cpus)
+        return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus)
 
     def exits(self) -> list[tuple[int, int]]:
         return []
@@ -107,12 +112,12 @@ def choose_starter(
     """The zygote once it is ready (its imports overlapped the launcher's own start-up and the nodes' check-in);
     exec when there is none or it cannot start, and then the message says why."""
     if fast_start is None:
-        return ExecStarter()
+        return ExecStarter(target.kind)
     try:
         info = fast_start.wait_ready()
     except FastStartError as exc:
         console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
-        return ExecStarter()
+        return ExecStarter(target.kind)
     if os.environ.get("DDPBOOT_DEBUG"):
         console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
                         f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.launch.env import RUN_PATH_CODE, EnvContext, substitute_local_rank, worker_argv, worker_vars
+from ddpboot.launch.bootstrap import CODE, rank_argv
+from ddpboot.launch.env import (
+    RUN_PATH_CODE,
+    EnvContext,
+    exec_argv,
+    substitute_local_rank,
+    worker_argv,
+    worker_vars,
+)
 from ddpboot.launch.spec import Target
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
@@ -101,6 +109,24 @@ def test_worker_command_lines() -> None:
     assert worker_argv(Target("binary", "/bin/echo", ("${local_rank}",)), py, 5) == ["/bin/echo", "5"]
     assert worker_argv(Target("run_path", "/abs/t.py", ("y",)), py, 0) == [py, "-u", "-c", RUN_PATH_CODE,
                                                                            "/abs/t.py", "y"]
+
+
+@pytest.mark.parametrize("kind", ["script", "module", "run_path", "binary"])
+def test_a_python_rank_is_execd_through_the_bootstrap_with_its_own_words(kind: str) -> None:
+    py = "/opt/py/bin/python3"
+    target = Target(kind, "t.py" if kind != "module" else "pkg.t", ("-m", "-u", "${local_rank}", "-c"))  # type: ignore[arg-type]
+    shown = worker_argv(target, py, 3)
+    got = exec_argv(kind, shown)
+    if kind == "binary":
+        assert got == shown == ["t.py", "-m", "-u", "3", "-c"]
+        return
+    assert got == rank_argv(py, kind, target.name, ["-m", "-u", "3", "-c"])
+    assert got[:4] == [py, "-u", "-c", CODE] and got[4:6] == [kind, target.name]
+
+
+def test_the_bootstrap_takes_only_python_kinds() -> None:
+    with pytest.raises(ValueError, match="binary"):
+        rank_argv("python", "binary", "x", [])
 
 
 @given(st.lists(st.text(max_size=20), max_size=5), st.integers(0, 1000))

@@ -1,0 +1,85 @@
+"""The rank bootstrap (ddpboot/launch/bootstrap.py) against plain python: tests/process/scripts/boot_probe.py run
+as `python -u SCRIPT` / `python -u -m MODULE` and as the launcher runs a rank must print the same (argv, orig_argv,
+sys.path[0], __main__'s names, pickling a class of the script, a spawn pool, signal dispositions, the traceback of
+an uncaught exception, atexit and threads at the end) and exit alike; and the bootstrap's faulthandler writes the
+rank's stack on the stacks signal. Standard library processes only: each run takes a fraction of a second."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpboot.contract import RANK_STACKS_SIGNAL, STACKS_VAR, stacks_spec
+from ddpboot.launch.bootstrap import rank_argv
+from tests.support import SCRIPTS
+
+PROBE = SCRIPTS / "boot_probe.py"
+
+
+def run(argv: list[str], cwd: Path, stacks: Path) -> tuple[int, str, str]:
+    env = {**os.environ, STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks))}
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def both(kind: str, name: str, args: list[str], cwd: Path, tmp_path: Path) -> tuple[tuple[int, str, str], ...]:
+    plain = [sys.executable, "-u", name, *args] if kind == "script" else [sys.executable, "-u", "-m", name, *args]
+    return (run(plain, cwd, tmp_path / "plain.stacks"),
+            run(rank_argv(sys.executable, kind, name, args), cwd, tmp_path / "boot.stacks"))
+
+
+CASES = {
+    "report": (["report"], 0),
+    "exit": (["exit", "7"], 7),
+    "raise": (["raise"], 1),
+    "interrupt": (["interrupt"], -2),
+    "late": (["late"], 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_script_runs_as_under_plain_python(case: str, tmp_path: Path) -> None:
+    args, code = CASES[case]
+    link = tmp_path / "link.py"  # a relative, symlinked path: sys.path[0] is the real directory, __file__ the link
+    link.symlink_to(PROBE)
+    plain, boot = both("script", "link.py", args, tmp_path, tmp_path)
+    assert plain[0] == code, plain
+    assert boot == plain
+    if case == "report":
+        assert f'"path0": "{SCRIPTS}"' in boot[1] and '"pickle_module": "__main__"' in boot[1]
+    if case == "raise":
+        assert boot[2].startswith("Traceback (most recent call last):\n  File ") and "<string>" not in boot[2]
+
+
+@pytest.mark.parametrize("case", ["report", "raise"])
+def test_a_module_runs_as_under_python_m(case: str, tmp_path: Path) -> None:
+    plain, boot = both("module", "boot_probe", CASES[case][0], SCRIPTS, tmp_path)
+    assert plain[0] == CASES[case][1], plain
+    assert boot == plain
+
+
+def test_a_syntax_error_reads_as_under_plain_python(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("x = (\n")
+    plain, boot = both("script", "broken.py", [], tmp_path, tmp_path)
+    assert plain[0] == 1 and "SyntaxError" in plain[2]
+    assert boot == plain
+
+
+def test_the_bootstrap_registers_faulthandler_on_the_stacks_signal(tmp_path: Path) -> None:
+    code, out, err = run(rank_argv(sys.executable, "script", str(PROBE), ["stacks"]), tmp_path, tmp_path / "s")
+    assert (code, out) == (0, "still running\n"), err
+    text = (tmp_path / "s").read_text()
+    assert text.startswith("Current thread 0x") and f'File "{PROBE}", line ' in text
+
+
+def test_without_the_variable_the_bootstrap_registers_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != STACKS_VAR}
+    code = "import sys; print(int(open('/proc/self/status').read().split('SigCgt:')[1].split()[0], 16) >> %d & 1)"
+    (tmp_path / "sig.py").write_text(code % (RANK_STACKS_SIGNAL - 1) + "\n")
+    p = subprocess.run(rank_argv(sys.executable, "script", "sig.py", []), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "0\n"), p.stderr
