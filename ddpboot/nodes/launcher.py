@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddpboot.cluster.slurm import in_srun_step, slurm_node_info, slurm_step
+from ddpboot.cluster.slurm import in_srun_step, slurm_step
 from ddpboot.errors import UsageError
 from ddpboot.nodes.elastic import default_run_id, elastic_nodes
 from ddpboot.nodes.static import (
@@ -27,6 +27,7 @@ from ddpboot.nodes.static import (
     parse_node_range,
     parse_rdzv_backend,
     resolve_nodes,
+    scheduler_span,
 )
 from ddpboot.tcpstore.address import bind_store_socket, is_loopback
 
@@ -116,11 +117,10 @@ def _check_one_node(text: str, count: int, env: Mapping[str, str]) -> None:
     if count > 1:
         shown = str(count) if ":" in text else text.strip()
         raise UsageError(f"--nnodes {shown} with --standalone, a one-node job: drop --standalone; {SEVERAL_NODES_HINT}")
-    if in_srun_step(env):
-        # Inside `srun -N2 ddpboot ...` each node's launcher would otherwise run a world of its own.
-        spanned = slurm_node_info(env).nnodes
-        if spanned > 1:
-            raise UsageError(f"this srun step spans {spanned} nodes: {SEVERAL_NODES_HINT}")
+    # Inside `srun -N2 ddpboot ...` or `mpirun -np 2 ddpboot ...` each launcher would otherwise run a world of its own.
+    span = scheduler_span(env)
+    if span is not None:
+        raise UsageError(f"--standalone, but {span}: {SEVERAL_NODES_HINT}")
 
 
 def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:

@@ -210,6 +210,22 @@ def scheduler_nodes(env: Mapping[str, str], master_addr: str | None = None,
     return None
 
 
+def scheduler_span(env: Mapping[str, str]) -> str | None:
+    """What says this launcher is one of several a scheduler started (for `--standalone`, which would make each a
+    world of its own), or None when it is alone."""
+    for cls, name in ((MpiEnvironment, "MPI"), (JsrunEnvironment, "jsrun")):
+        if cls.detect(env):
+            size = cls({**env, "MASTER_ADDR": LOOPBACK}).world_size
+            return f"{name} started {size} ddpboot launchers" if size > 1 else None
+    if in_srun_step(env):
+        spanned = slurm_node_info(env).nnodes
+        return f"this srun step spans {spanned} nodes" if spanned > 1 else None
+    if in_pbsdsh_task(env):
+        hosts = pbs_node_info(env).nnodes
+        return f"pbsdsh started this launcher on one of {hosts} hosts" if hosts > 1 else None
+    return None
+
+
 def _task_per_node(ranks: ClusterEnvironment, source: NodeSource, name: str) -> SchedulerNodes:
     """One launcher per task: node rank = the task's rank, node count = the job's size."""
     notes: tuple[str, ...] = ()

@@ -89,6 +89,13 @@ def test_standalone_is_one_node_whatever_else_is_said() -> None:
     assert nodes == resolve_nodes({})
     with pytest.raises(UsageError, match=f"this srun step spans 2 nodes: {re.escape(SEVERAL_NODES_HINT)}"):
         launcher_nodes(NodeOptions(standalone=True), SRUN)
+    # `mpirun -np 2 ddpboot --standalone ...` would run two unrelated one-node jobs
+    mpirun = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+              "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    with pytest.raises(UsageError, match="--standalone, but MPI started 2 ddpboot launchers"):
+        launcher_nodes(NodeOptions(standalone=True), mpirun)
+    alone = {**mpirun, "OMPI_COMM_WORLD_SIZE": "1"}
+    assert launcher_nodes(NodeOptions(standalone=True), alone) == resolve_nodes({})
 
 
 def test_an_elastic_range_notes_the_options_it_does_not_use() -> None:
