@@ -18,7 +18,7 @@ from ddpboot.cli.output import console, escape
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-NAME_WIDTH = 26  # the name column: `--cpu-affinity auto|none|LIST` is the longest that shares its line
+NAME_WIDTH = 26  # the name column (`--nproc N|gpu|auto|cpu` fits); a longer name takes a line of its own
 _TYPE_METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "bool": ""}
 
 
