@@ -7,7 +7,7 @@ first of them is the launch node, which runs no task, and which host jsrun gave 
 options, so the store address is read as for MPI: MASTER_ADDR, or loopback when every task runs on this host.
 MASTER_PORT, else a port derived from the job step (PMIX_NAMESPACE, which jsrun sets per step, else LSB_JOBID).
 
-`lsf_hosts` reads LSF's host lists, for `ddpboot plan` and the launcher's messages.
+`lsf_hosts` reads LSF's host lists, which the message naming what to export shows.
 """
 
 from __future__ import annotations
@@ -29,11 +29,19 @@ from ddpboot.errors import WorkerEnvError
 _RANK, _SIZE = "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE"
 _LOCAL_RANK, _LOCAL_SIZE = "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE"
 _CONTEXT = "jsrun sets it for every task it starts."
-_ADDRESS_FIX = (
-    "jsrun's variables do not say which host runs rank 0. Fix: in the job script export "
-    "MASTER_ADDR=<the first compute host> (e.g. the second host of $LSB_MCPU_HOSTS on a CSM cluster, whose first is "
-    "the launch node) and MASTER_PORT, which jsrun passes on to its tasks."
-)
+
+
+def _address_fix(env: Mapping[str, str]) -> str:
+    """What to export, with the job's hosts as LSF lists them where it does."""
+    try:
+        hosts = list(dict.fromkeys(lsf_hosts(env)))
+    except WorkerEnvError:
+        hosts = []
+    more = ", ..." if len(hosts) > 4 else ""
+    shown = f" LSF lists this job's hosts as {', '.join(hosts[:4])}{more}." if hosts else ""
+    return (f"jsrun's variables do not say which host runs rank 0.{shown} Fix: in the job script export "
+            "MASTER_ADDR=<the first compute host> (on a CSM cluster the second host of $LSB_MCPU_HOSTS: the first is "
+            "the launch node, which runs no task) and MASTER_PORT, which jsrun passes on to its tasks.")
 
 
 def lsf_hosts(env: Mapping[str, str]) -> list[str]:
@@ -68,7 +76,8 @@ class JsrunEnvironment(ClusterEnvironment):
             env, [_RANK], [_SIZE], [_LOCAL_RANK], [_LOCAL_SIZE], _CONTEXT)
         self._nnodes = -(-self._world_size // self._local_world_size)
         self._node_rank = min(self._rank // self._local_world_size, self._nnodes - 1)
-        self._main_address = store_host(env, self._local_world_size == self._world_size, _ADDRESS_FIX)
+        one_host = self._local_world_size == self._world_size
+        self._main_address = store_host(env, one_host, "" if one_host else _address_fix(env))
         explicit = first_set(env, ["MASTER_PORT"])
         step = first_set(env, ["PMIX_NAMESPACE", "LSB_JOBID"])
         self._main_port = (parse_port(*explicit) if explicit else job_port(f"{step[0]}={step[1]}") if step

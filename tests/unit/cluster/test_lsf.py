@@ -29,7 +29,7 @@ def test_jsrun_ranks(layout: Layout) -> None:
 
 
 def test_several_hosts_without_master_addr_say_what_to_set() -> None:
-    with pytest.raises(WorkerEnvError, match=r"MASTER_ADDR is not set.*LSB_MCPU_HOSTS"):
+    with pytest.raises(WorkerEnvError, match=r"MASTER_ADDR is not set.*as batch1, a01n01, a01n02\..*LSB_MCPU_HOSTS"):
         JsrunEnvironment(JSRUN)
     one_host = {**JSRUN, "JSM_NAMESPACE_SIZE": "2", "JSM_NAMESPACE_RANK": "1"}
     assert JsrunEnvironment(one_host).main_address == "127.0.0.1"
