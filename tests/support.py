@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -233,3 +234,25 @@ def tagged(tag: str, var: str = "CORPUS_JOB") -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def stderr_until(proc: subprocess.Popen[Any], done: Callable[[list[str]], bool], timeout: float) -> list[str]:
+    """The lines of a running process's stderr (a pipe) as they come, until `done(lines)` or its end or the
+    timeout. Reads the pipe's descriptor itself: a text file's readline() may buffer lines that select() no longer
+    sees. What was read is not left for communicate(); the caller has it here."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    lines: list[str] = []
+    pending = b""
+    deadline = time.monotonic() + timeout
+    while not done(lines):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        pending += data
+        *complete, pending = pending.split(b"\n")
+        lines += [ln.decode(errors="replace") for ln in complete]
+    return lines

@@ -151,6 +151,21 @@ StallTimeoutOption = Annotated[
                  "with a unit (90s, 10m, 2h). Default: never."),
 ]
 
+GpuWatchOption = Annotated[
+    str,
+    typer.Option("--gpu-watch", rich_help_panel=_SUP, metavar="warn|strict|off",
+                 help="While the job runs, check every few seconds which processes use which GPU: warn when a rank "
+                 "(or its DataLoader worker, or a subprocess) holds memory on a GPU that is not its own, or a "
+                 "process that is not the job's uses one of its GPUs; strict also ends the job (exit code 125) "
+                 "for the first. Default warn."),
+]
+
+GpuWatchIntervalOption = Annotated[
+    str,
+    typer.Option("--gpu-watch-interval", rich_help_panel=_SUP, metavar="TIME",
+                 help="How often --gpu-watch reads the GPUs' processes: seconds, or with a unit. Default 5."),
+]
+
 MonitorIntervalOption = Annotated[
     str,
     typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",
@@ -313,6 +328,8 @@ RUN_PARAMS = [
     _param("shutdown_timeout", ShutdownTimeoutOption, None),
     _param("monitor_interval", MonitorIntervalOption, "0.1"),
     _param("stall_timeout", StallTimeoutOption, None),
+    _param("gpu_watch", GpuWatchOption, "warn"),
+    _param("gpu_watch_interval", GpuWatchIntervalOption, "5"),
     _param("signals_to_handle", SignalsToHandleOption, DEFAULT_SIGNALS),
     _param("start_method", StartMethodOption, "spawn"),
     _param("role", RoleOption, "default"),

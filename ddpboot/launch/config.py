@@ -34,9 +34,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
 from ddpboot.launch.faststart import supports as fast_start_supports
+from ddpboot.launch.gpuwatch import parse_watch_mode
 from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
@@ -64,6 +66,7 @@ from ddpboot.launch.spec import (
     StdSpec,
     StoreBackend,
     Target,
+    WatchMode,
     parse_log_mode,
 )
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
@@ -115,6 +118,8 @@ class RunOptions:
     shutdown_timeout: str | float | None = None
     monitor_interval: str | float = 0.1
     stall_timeout: str | float | None = None
+    gpu_watch: str = "warn"
+    gpu_watch_interval: str | float = 5.0
     signals_to_handle: str = DEFAULT_SIGNALS
     start_method: str = "spawn"
     role: str = "default"
@@ -241,6 +246,8 @@ class LaunchConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     monitor_interval: float = 0.1
     stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
+    gpu_watch: WatchMode = WatchMode.WARN
+    gpu_watch_interval: float = 5.0
     max_restarts: int = 0
     role: str = "default"
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
@@ -272,13 +279,21 @@ def build_plan(
         return PlanConfig(env, nodes, address, request)
 
 
+def _isolation(text: str) -> Isolation | None:
+    """The mode asked for, or None when the text is no mode (parse_selection says so, at step 6)."""
+    try:
+        return Isolation.parse(text)
+    except ValueError:
+        return None
+
+
 def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfig:
     """The LaunchConfig for these options, in the order the module docstring gives."""
     o = options
     with _named_sources(o.from_env, env):
         refuse_torchrun_options(o.refused)  # 1
         kind = target_kind(o.module, o.no_python, o.run_path)  # 2
-        if o.virtual_local_rank and o.selection.isolation.strip().lower() == "node":
+        if o.virtual_local_rank and _isolation(o.selection.isolation) is Isolation.NODE:
             raise UsageError("--virtual-local-rank (LOCAL_RANK=0, one GPU per worker) contradicts --isolation node.")
         backend = parse_store_backend(o.store)  # 3
         signals = parse_signals(o.signals_to_handle)
@@ -287,6 +302,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         monitor = parse_duration(o.monitor_interval, "--monitor-interval", allow_zero=False)
         stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout",
                                                                     allow_zero=False)
+        watch = parse_watch_mode(o.gpu_watch)
+        watch_every = parse_duration(o.gpu_watch_interval, "--gpu-watch-interval", allow_zero=False)
         if o.max_restarts < 0:
             raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
         if o.start_method not in START_METHODS:
@@ -316,7 +333,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=planned.store_address,
             request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,
             signals=signals, shutdown_timeout=shutdown, monitor_interval=monitor, stall_timeout=stall,
-            max_restarts=o.max_restarts, role=o.role, rdzv_conf=conf, join_timeout=join_timeout(conf),
+            gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
+            rdzv_conf=conf, join_timeout=join_timeout(conf),
             output=output, fast_start=fast, preloads=preloads, wait_for_gpus=wait,
             dry_run=o.dry_run, notes=tuple(notes),
         )

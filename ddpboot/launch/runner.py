@@ -219,6 +219,8 @@ def launch_spec(config: LaunchConfig, plan: Plan) -> LaunchSpec:
         shutdown_timeout=config.shutdown_timeout,
         monitor_interval=config.monitor_interval,
         stall_timeout=config.stall_timeout,
+        gpu_watch=config.gpu_watch,
+        gpu_watch_interval=config.gpu_watch_interval,
         routing=config.output.routing(plan),
         signals=config.signals,
         master_addr=store.master_addr,

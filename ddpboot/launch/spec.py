@@ -118,6 +118,14 @@ class Routing:
         return b"" if self.prefix is None else self.prefix.render(rank, local_rank, node_rank)
 
 
+class WatchMode(str, Enum):
+    """--gpu-watch: what the launcher does about a GPU used wrongly while the job runs (launch/gpuwatch.py)."""
+
+    OFF = "off"
+    WARN = "warn"
+    STRICT = "strict"
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What the supervisor runs, the same for every attempt (and every elastic round but for the store's address):
@@ -131,6 +139,8 @@ class LaunchSpec:
     shutdown_timeout: float = 30.0
     monitor_interval: float = 0.1
     stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
+    gpu_watch: WatchMode = WatchMode.WARN
+    gpu_watch_interval: float = 5.0
     routing: Routing = field(default_factory=Routing)
     signals: tuple[signal.Signals, ...] = ()
     master_addr: str = "127.0.0.1"  # what workers get as MASTER_ADDR

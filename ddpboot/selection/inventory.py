@@ -11,6 +11,7 @@ import json
 import os
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,6 +126,22 @@ class _FakeRecord:
             raise InventoryError(f"{self.where}: utilization must be a percentage 0-100, not {value}.")
         return value
 
+    def processes(self) -> tuple[tuple[int, int | None], ...]:
+        """(pid, bytes of GPU memory or None) of each entry of "processes": a pid, or {"pid": N, "used_memory": B}."""
+        out: list[tuple[int, int | None]] = []
+        for v in self.get("processes", list, []):
+            pid: Any
+            used: Any
+            if isinstance(v, dict) and set(v) <= {"pid", "used_memory"}:
+                pid, used = v.get("pid"), v.get("used_memory")
+            else:
+                pid, used = v, None
+            if not _count(pid) or not (used is None or _count(used)):
+                raise InventoryError(f"{self.where}: 'processes' must list non-negative pids or objects "
+                                     f'{{"pid": N, "used_memory": BYTES}}, not {v!r}.')
+            out.append((pid, used))
+        return tuple(out)
+
     def numbers(self, key: str) -> tuple[int, ...]:
         values = self.get(key, list, [])
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
@@ -149,7 +166,7 @@ def _fake_gpu(obj: Any, position: int, path: Path) -> GPU:
         )
     memory_total, memory_used = rec.memory()
     utilization = rec.utilization()
-    processes, cpus = rec.numbers("processes"), rec.numbers("cpu_affinity")
+    processes, cpus = tuple(pid for pid, _ in rec.processes()), rec.numbers("cpu_affinity")
     gpu = GPU(
         index=index,
         uuid=rec.uuid(fake_uuid(index), "GPU-"),
@@ -189,6 +206,10 @@ def _fake_mig(obj: Any, position: int, path: Path, parent: GPU) -> GPU:
         numa_node=parent.numa_node,
         mig_index=position,
     )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _kind_name(kind: type) -> str:
@@ -316,3 +337,59 @@ def _mig_devices(nv: Any, h: Any, parent: GPU) -> tuple[GPU, ...]:
         except nv.NVMLError:
             continue  # NotFound: an empty slot
     return tuple(out)
+
+
+# --- the processes on each GPU, for the watch while a job runs ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process NVML sees on a GPU: its pid (in NVML's pid namespace) and memory (None: not reported)."""
+
+    uuid: str
+    label: str
+    pid: int
+    used: int | None
+
+
+def fake_gpu_processes(spec: str) -> list[GpuProcess]:
+    """The processes a simulated inventory lists (read again at every call: a test may rewrite the file)."""
+    if spec.strip().isdigit():
+        return []
+    path = Path(spec.strip())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InventoryError(f"{FAKE_GPUS_VAR}: cannot read {path} as JSON: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get("gpus", [])
+    out = []
+    for i, obj in enumerate(data if isinstance(data, list) else []):
+        gpu = _fake_gpu(obj, i, path)
+        out += [GpuProcess(gpu.uuid, gpu.label, pid, used) for pid, used in _FakeRecord(obj, "").processes()]
+    return out
+
+
+class NvmlProcesses:
+    """NVML's compute processes of every GPU, through one NVML session kept open between readings (an init per
+    reading would cost more than the reading). `read` raises NVMLError when NVML fails."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        self.handles = [(pynvml.nvmlDeviceGetHandleByIndex(i), i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h, _ in self.handles]
+
+    def read(self) -> list[GpuProcess]:
+        out = []
+        for (h, index), uuid in zip(self.handles, self.uuids, strict=True):
+            for p in self.nv.nvmlDeviceGetComputeRunningProcesses(h):
+                used = getattr(p, "usedGpuMemory", None)
+                out.append(GpuProcess(uuid, str(index), int(p.pid), int(used) if isinstance(used, int) else None))
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(self.nv.NVMLError):
+            self.nv.nvmlShutdown()

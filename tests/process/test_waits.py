@@ -6,31 +6,19 @@ rendezvous."""
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from tests.support import BEHAVE, SCRIPTS, TIMEOUT, free_port, launch_env, start_launcher, wait_for
+from tests.support import BEHAVE, SCRIPTS, TIMEOUT, free_port, launch_env, start_launcher, stderr_until, wait_for
 
 
 def notice(proc: subprocess.Popen[str], timeout: float = 30.0) -> list[str]:
     """The launcher's stderr lines up to its first line naming what it waits for (ending "ends the wait")."""
-    assert proc.stderr is not None
-    lines: list[str] = []
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(deadline - time.monotonic()):
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-            if line.rstrip().endswith("ends the wait"):
-                return lines
-    raise AssertionError(f"no wait notice within {timeout} s: {lines}")
+    lines = stderr_until(proc, lambda got: bool(got) and got[-1].rstrip().endswith("ends the wait"), timeout)
+    assert lines and lines[-1].rstrip().endswith("ends the wait"), f"no wait notice within {timeout} s: {lines}"
+    return lines
 
 
 def stop(proc: subprocess.Popen[str], signo: int) -> tuple[int, float, str]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 from ddpboot.contract import STACKS_SIGNAL, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
+from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
@@ -222,8 +223,13 @@ class Supervisor:
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,
                                      lambda i: exit_mark_time(workers[i]))
-        return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
-                           self._snapshot).run(pipes)
+        gpu_watch = GpuWatch(self.spec.gpu_watch, self.plan, self.setup.base_env, self.workdir, self.console.message,
+                             self.spec.gpu_watch_interval)
+        try:
+            return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
+                               self._snapshot, gpu_watch).run(pipes)
+        finally:
+            gpu_watch.close()
 
     def _targets(self) -> list[RankTarget]:
         workers = self.procs.workers if self.procs is not None else []

@@ -138,6 +138,7 @@ class AttemptDecisions:
         self.stall = None if timing.stall_timeout is None else StallWatch.start(timing.stall_timeout, now)
         self.stalled = False  # --stall-timeout stopped the attempt
         self.dumped_stopping = False  # the stacks were dumped while stopping (once is enough)
+        self.forced_code: int | None = None  # the launcher ended the attempt itself with this code (--gpu-watch)
 
     # --- state -----------------------------------------------------------------------------------------
 
@@ -147,6 +148,8 @@ class AttemptDecisions:
         return all(r.exited for r in self.ranks) and all(r.group_gone for r in self.ranks)
 
     def exit_code(self) -> int:
+        if self.forced_code is not None:
+            return self.forced_code
         if self.root is not None:
             return self.ranks[self.root].code or 0
         if self.stop_signal is not None:
@@ -332,6 +335,13 @@ class AttemptDecisions:
         if self.stall is None or self.stopping or not self.stall.snapshot_taken(now, fingerprint):
             return []
         return self._stalled(now, "no output, no rank exited, the same stacks in every rank")
+
+    def end_attempt(self, code: int, why: str, now: float) -> list[Action]:
+        """The launcher ends the attempt itself (`--gpu-watch strict`): SIGTERM to every rank, exit code `code`."""
+        if self.stopping:
+            return []
+        self.forced_code = code
+        return self._stop(signal.SIGTERM, f"SIGTERM ({why})", now)
 
     def _stall_check(self, now: float) -> list[Action]:
         if self.stall is None or self.stopping:

@@ -19,6 +19,7 @@ import signal
 from collections.abc import Callable, Hashable, Sequence
 
 from ddpboot.errors import DdpbootError
+from ddpboot.launch.gpuwatch import GPU_WATCH_EXIT, GpuWatch
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
@@ -173,7 +174,8 @@ class AttemptLoop:
     def __init__(self, procs: ProcessTable, sel: selectors.BaseSelector, sigfd: SignalFd, console: Console,
                  decisions: AttemptDecisions, watch: Callable[[], str | None] | None,
                  dump: Callable[[str], None] | None = None,
-                 snapshot: Callable[[], Hashable | None] | None = None) -> None:
+                 snapshot: Callable[[], Hashable | None] | None = None,
+                 gpu_watch: GpuWatch | None = None) -> None:
         self.procs = procs
         self.sel = sel
         self.sigfd = sigfd
@@ -185,6 +187,8 @@ class AttemptLoop:
         self.dump = dump  # dumps every running rank's stack (ddpboot/launch/stacks/), saying why
         self.snapshot = snapshot  # the running ranks' stacks as a fingerprint, quietly (None: not all were read)
         self.output_bytes = 0  # everything the ranks wrote: progress, for --stall-timeout
+        self.gpu_watch = gpu_watch if gpu_watch is not None and gpu_watch.active else None
+        self.gpu_due = self.clock() + (gpu_watch.interval if gpu_watch is not None else 0.0)
 
     @property
     def workers(self) -> list[Worker]:
@@ -207,6 +211,9 @@ class AttemptLoop:
         # Exits read while a rank was being started are waiting: no blocking.
         timeout = 0.0 if self.procs.starter.has_exits() else self.decisions.wait_time(self.clock(), silent)
         timeout = self.console.wait_time(timeout)  # a quiet progress bar's held-back state, due in a log
+        if self.gpu_watch is not None:
+            due = max(self.gpu_due - self.clock(), 0.0)
+            timeout = due if timeout is None else min(timeout, due)
         for key, _ in self.sel.select(timeout):
             if key.data == SIGNALS_KEY:
                 self._read_signals()
@@ -226,11 +233,24 @@ class AttemptLoop:
             self.carry_out(d.watch_answered(self.watch(), self.clock()))
         if self.procs.guardian_code is not None:
             d.guardian_died(self.procs.guardian_code)
+        if self.gpu_watch is not None and self.clock() >= self.gpu_due:
+            self._watch_gpus()
         if d.sample_due(self.clock()):
             samples = self._cpu()
             d.progress(self.clock(), {i: s[0] for i, s in samples.items()}, self.output_bytes,
                        any(s[1] for s in samples.values()))
         self.carry_out(d.tick(self.clock()))
+
+    def _watch_gpus(self) -> None:
+        """One reading of --gpu-watch; `strict` ends the attempt when a rank uses a GPU that is not its own."""
+        assert self.gpu_watch is not None
+        self.gpu_due = self.clock() + self.gpu_watch.interval
+        pids = {w.slot.rank: w.pid for w in self.workers if w.pid and w.status is None}
+        if self.gpu_watch.check(pids) and not self.gpu_watch.ended:
+            self.gpu_watch.ended = True
+            self.carry_out(self.decisions.end_attempt(GPU_WATCH_EXIT, "--gpu-watch strict", self.clock()))
+        if not self.gpu_watch.active:
+            self.gpu_watch = None
 
     def _cpu(self) -> dict[int, tuple[float, bool]]:
         out = {}

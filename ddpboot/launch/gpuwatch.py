@@ -1,0 +1,210 @@
+"""The job's GPUs, watched while it runs (`--gpu-watch warn`, the default; `strict`; `off`).
+
+Every WATCH_INTERVAL seconds the launcher reads NVML's compute processes of every GPU of the machine (through one
+NVML session kept open for the attempt, or the simulated inventory's `processes`) and the process table (/proc),
+and maps each pid to a rank: the rank's process and every descendant of it, or a process that still carries the
+rank's mark in its environment (see procs/leftovers.py). Then, once per (rank, GPU) or (pid, GPU):
+
+- a rank's process holding memory on a GPU that is not one of the rank's: the rank, the pid and what it is (the
+  rank itself, a child such as a DataLoader worker), the MiB, the GPU, and the likely causes. Under `strict` the
+  job then ends with exit code GPU_WATCH_EXIT;
+- a process that is not the job's on one of the job's GPUs: its pid, user and command, and the MiB.
+
+NVML in a container sees the host's pids, which this process cannot see: when none of the pids NVML lists on the
+job's GPUs exists here, the watch says so once and says nothing about strangers (it cannot tell them apart).
+The decisions (`findings`) are a pure function of the readings.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpboot.contract import FAKE_GPUS_VAR
+from ddpboot.errors import UsageError
+from ddpboot.launch.procs import leftovers
+from ddpboot.launch.procs.leftovers import Proc
+from ddpboot.launch.spec import WatchMode
+from ddpboot.selection.inventory import GpuProcess, NvmlProcesses, fake_gpu_processes
+from ddpboot.selection.planner import Plan
+
+WATCH_INTERVAL = 5.0  # seconds between two readings
+GPU_WATCH_EXIT = 125  # the job's exit code when `--gpu-watch strict` ended it
+MIB = 1024 * 1024
+CAUSES = ("a barrier() or init_process_group() without device_id, torch.load() without map_location, .cuda() or a "
+          "CUDA call before torch.cuda.set_device(), or cuda:N with N other than 0 under rank isolation")
+
+
+def parse_watch_mode(text: str) -> WatchMode:
+    for mode in WatchMode:
+        if text.strip().lower() == mode.value:
+            return mode
+    raise UsageError(f"--gpu-watch {text!r}: choose warn (the default: say what is wrong), strict (end the job "
+                     f"with exit code {GPU_WATCH_EXIT} when a rank uses a GPU that is not its own) or off.")
+
+
+@dataclass(frozen=True)
+class RankGpus:
+    """What the watch knows of one running rank: its pid and the UUIDs and labels of its GPUs."""
+
+    rank: int
+    pid: int
+    uuids: frozenset[str]
+    labels: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    key: tuple[object, ...]  # said once per key
+    text: str
+    wrong_gpu: bool = False  # what `strict` ends the job for
+
+
+def owners(table: Mapping[int, Proc], ranks: Sequence[RankGpus], run_dir: Path | None) -> dict[int, int]:
+    """pid → rank index for every process of the job: each rank's process and its descendants, and processes
+    carrying a rank's mark (its TORCHELASTIC_ERROR_FILE under `run_dir`)."""
+    by_parent: dict[int, list[int]] = {}
+    for p in table.values():
+        by_parent.setdefault(p.ppid, []).append(p.pid)
+    out: dict[int, int] = {}
+    for i, r in enumerate(ranks):
+        todo = [r.pid]
+        while todo:
+            pid = todo.pop()
+            if pid not in out:
+                out[pid] = i
+                todo.extend(by_parent.get(pid, ()))
+    if run_dir is not None:
+        by_rank = {r.rank: i for i, r in enumerate(ranks)}
+        for pid in leftovers.marked(table, run_dir, os.getuid()):
+            rank = leftovers.rank_of(table[pid])
+            if rank in by_rank:
+                out.setdefault(pid, by_rank[rank])
+    return out
+
+
+def _mib(used: int | None) -> str:
+    return "an unknown amount of memory" if used is None else f"{used / MIB:.0f} MiB"
+
+
+def _who(pid: int, rank: RankGpus, table: Mapping[int, Proc]) -> str:
+    if pid == rank.pid:
+        return "the rank itself"
+    p, parent = table.get(pid), table.get(rank.pid)
+    if p is not None and parent is not None and p.cmd == parent.cmd:
+        return f"a process forked by the rank, such as a DataLoader worker, pid {pid}"
+    return f"a process the rank started, pid {pid}" + (f" ({p.cmd[:60]})" if p is not None else "")
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def findings(
+    procs: Iterable[GpuProcess],
+    ranks: Sequence[RankGpus],
+    table: Mapping[int, Proc],
+    owner: Mapping[int, int],
+    launcher: int,
+) -> list[Finding]:
+    """What is wrong in one reading (every finding; the caller says each key once)."""
+    procs = list(procs)
+    job_gpus: dict[str, list[int]] = {}
+    for r in ranks:
+        for u in r.uuids:
+            job_gpus.setdefault(u, []).append(r.rank)
+    on_job = [gp for gp in procs if gp.uuid in job_gpus]
+    out: list[Finding] = []
+    if on_job and not any(gp.pid in table for gp in on_job):
+        out.append(Finding(("unseen",), "ddpboot: gpu watch: NVML lists processes on this job's GPUs that this "
+                           "launcher cannot see (another pid namespace: a container); the watch cannot tell the "
+                           "job's processes from others and stays quiet about them"))
+        return out
+    for gp in procs:
+        if gp.pid in owner:
+            r = ranks[owner[gp.pid]]
+            if gp.uuid not in r.uuids and gp.used != 0:
+                out.append(Finding(("wrong", r.rank, gp.uuid), (
+                    f"ddpboot: gpu watch: rank {r.rank} ({_who(gp.pid, r, table)}) holds {_mib(gp.used)} on GPU "
+                    f"{gp.label}, which is not its GPU (rank {r.rank} runs on {r.labels}). Likely causes: {CAUSES}"
+                ), wrong_gpu=True))
+        elif gp.uuid in job_gpus and gp.pid != launcher and gp.pid in table:
+            p = table[gp.pid]
+            holders = ", ".join(map(str, job_gpus[gp.uuid]))
+            out.append(Finding(("stranger", gp.pid, gp.uuid), (
+                f"ddpboot: gpu watch: pid {gp.pid} ({_user(p.uid)}: {p.cmd[:60]}) is not this job's and uses "
+                f"{_mib(gp.used)} on GPU {gp.label}, the GPU of rank{'s' if ',' in holders else ''} {holders}")))
+    return out
+
+
+def rank_gpus(plan: Plan, pids: Mapping[int, int]) -> list[RankGpus]:
+    """The running ranks of `plan` (`pids`: rank → pid, 0 or absent: not running)."""
+    out = []
+    for slot in plan.ranks:
+        pid = pids.get(slot.rank, 0)
+        if pid and slot.gpus:
+            labels = "GPU " + ", ".join(g.label for g in slot.gpus)
+            out.append(RankGpus(slot.rank, pid, frozenset(g.uuid for g in slot.gpus), labels))
+    return out
+
+
+@dataclass
+class GpuWatch:
+    """The watch of one attempt: `reader` gives one reading (fake or NVML); `say` tells the user; `check` returns
+    whether `strict` must end the job."""
+
+    mode: WatchMode
+    plan: Plan
+    env: Mapping[str, str]
+    run_dir: Path | None
+    say: Callable[[str], None]
+    interval: float = WATCH_INTERVAL
+    said: set[tuple[object, ...]] = field(default_factory=set)
+    nvml: NvmlProcesses | None = None
+    broken: bool = False
+    ended: bool = False  # strict has ended the attempt
+
+    @property
+    def active(self) -> bool:
+        return self.mode is not WatchMode.OFF and not self.broken and any(s.gpus for s in self.plan.ranks)
+
+    def _read(self) -> list[GpuProcess]:
+        spec = self.env.get(FAKE_GPUS_VAR)
+        if spec is not None and spec.strip():
+            return fake_gpu_processes(spec)
+        if self.nvml is None:
+            self.nvml = NvmlProcesses()
+        return self.nvml.read()
+
+    def check(self, pids: Mapping[int, int]) -> bool:
+        """One reading; True when `strict` must end the job (a rank on a GPU not its own)."""
+        if not self.active:
+            return False
+        try:
+            procs = self._read()
+        except Exception as exc:  # InventoryError, OSError, ImportError, NVMLError (no common base to name)
+            self.broken = True
+            self.say(f"ddpboot: gpu watch: cannot read the GPUs' processes ({exc}); the watch is off for this job")
+            return False
+        ranks = rank_gpus(self.plan, pids)
+        table = leftovers.snapshot()
+        found = findings(procs, ranks, table, owners(table, ranks, self.run_dir), os.getpid())
+        end = False
+        for f in found:
+            if f.key not in self.said:
+                self.said.add(f.key)
+                self.say(f.text + (f"; --gpu-watch strict: ending the job (exit code {GPU_WATCH_EXIT})"
+                                   if f.wrong_gpu and self.mode is WatchMode.STRICT else ""))
+            end = end or (f.wrong_gpu and self.mode is WatchMode.STRICT)
+        return end
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None

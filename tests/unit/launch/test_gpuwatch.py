@@ -1,0 +1,67 @@
+"""--gpu-watch's decisions: whose process is where, what is wrong, and what each finding says."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.gpuwatch import RankGpus, WatchMode, findings, owners, parse_watch_mode
+from ddpboot.launch.procs.leftovers import Proc
+from ddpboot.selection.inventory import GpuProcess
+
+MIB = 1 << 20
+RUN = Path("/tmp/ddpboot-x")
+R0 = RankGpus(0, 100, frozenset({"GPU-a"}), "GPU 0")
+R1 = RankGpus(1, 200, frozenset({"GPU-b"}), "GPU 1")
+
+
+def proc(pid: int, ppid: int, cmd: str = "python train.py", error_file: str | None = None, uid: int = -1) -> Proc:
+    return Proc(pid, ppid, os.getuid() if uid == -1 else uid, pid, cmd, error_file)
+
+
+TABLE = {p.pid: p for p in [
+    proc(1, 0, "init"), proc(50, 1, "ddpboot"), proc(100, 50), proc(200, 50), proc(101, 100),
+    proc(102, 101, "nvidia-smi"), proc(300, 1, "daemon", f"{RUN}/attempt_0/rank1.error.json"),
+    proc(400, 1, "python other.py", uid=0),
+]}
+
+
+def test_a_ranks_process_is_it_and_every_descendant_and_whatever_carries_its_mark() -> None:
+    assert owners(TABLE, [R0, R1], RUN) == {100: 0, 101: 0, 102: 0, 200: 1, 300: 1}
+    assert 300 not in owners(TABLE, [R0, R1], None)
+
+
+def test_wrong_gpu_names_the_rank_what_the_process_is_and_the_causes() -> None:
+    procs = [GpuProcess("GPU-b", "1", 101, 512 * MIB), GpuProcess("GPU-b", "1", 102, None),
+             GpuProcess("GPU-a", "0", 300, 0)]
+    found = findings(procs, [R0, R1], TABLE, owners(TABLE, [R0, R1], RUN), 50)
+    assert [f.key for f in found] == [("wrong", 0, "GPU-b"), ("wrong", 0, "GPU-b")]
+    assert all(f.wrong_gpu for f in found)
+    assert found[0].text.startswith("ddpboot: gpu watch: rank 0 (a process forked by the rank, such as a DataLoader "
+                                    "worker, pid 101) holds 512 MiB on GPU 1, which is not its GPU (rank 0 runs on "
+                                    "GPU 0). Likely causes: a barrier() or init_process_group() without device_id")
+    assert "(a process the rank started, pid 102 (nvidia-smi)) holds an unknown amount of memory" in found[1].text
+
+
+def test_a_stranger_on_a_job_gpu_is_named_but_not_one_elsewhere_nor_the_launcher() -> None:
+    procs = [GpuProcess("GPU-a", "0", 400, 2048 * MIB), GpuProcess("GPU-z", "7", 400, MIB),
+             GpuProcess("GPU-a", "0", 50, MIB), GpuProcess("GPU-a", "0", 100, MIB)]
+    [f] = findings(procs, [R0, R1], TABLE, owners(TABLE, [R0, R1], RUN), 50)
+    assert f.key == ("stranger", 400, "GPU-a") and not f.wrong_gpu
+    assert f.text == ("ddpboot: gpu watch: pid 400 (root: python other.py) is not this job's and uses 2048 MiB on "
+                      "GPU 0, the GPU of rank 0")
+
+
+def test_pids_this_launcher_cannot_see_are_said_once_and_nothing_else() -> None:
+    procs = [GpuProcess("GPU-a", "0", 99999, MIB), GpuProcess("GPU-b", "1", 99998, MIB)]
+    [f] = findings(procs, [R0, R1], TABLE, owners(TABLE, [R0, R1], RUN), 50)
+    assert f.key == ("unseen",) and "another pid namespace" in f.text
+
+
+def test_the_mode_is_parsed_with_the_choices_named() -> None:
+    assert parse_watch_mode(" Strict") is WatchMode.STRICT
+    with pytest.raises(UsageError, match=r"--gpu-watch 'loud': choose warn .* strict .* exit code 125 .* or off"):
+        parse_watch_mode("loud")
