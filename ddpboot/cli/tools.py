@@ -202,8 +202,8 @@ def stacks_cmd(
     ] = 30.0,
 ) -> None:
     """Print every rank's current Python stack, with one line per rank naming the collective, barrier or
-    destroy_process_group it waits in. The launcher collects them (py-spy, or the ranks' faulthandler) when sent
-    SIGUSR2, and keeps a copy in its run directory."""
+    destroy_process_group it waits in, and a verdict naming the rank to look at. The launcher collects them
+    (py-spy, or the ranks' faulthandler) when sent SIGUSR2, and keeps a copy in its run directory."""
     from ddpboot.launch.stacks.find import find, request_dump
 
     if timeout <= 0:

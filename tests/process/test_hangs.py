@@ -1,13 +1,19 @@
-"""Hung gloo jobs diagnosed by the launcher: each is dumped on demand (SIGUSR2, then `ddpboot stacks RUN --json`)
-and then by `--stall-timeout`, with the right rank and frame named in the summary; py-spy on one
-job, the ranks' faulthandler (registered by ddpboot.init(), and by the fast-start process) on the others."""
+"""Hung gloo jobs diagnosed by the launcher: each is dumped on demand (SIGUSR2, then `ddpboot stacks RUN --json` and
+`ddpboot stacks RUN`) and then by `--stall-timeout`, with the right rank and frame named in the summary and the right
+rank named by the verdict. py-spy on one job where it is installed; the ranks' faulthandler on the others: registered
+by ddpboot.init(), by the fast-start process, and, for hang_plain.py (a script that never imports ddpboot), by the
+rank bootstrap, with the launcher run without CAP_SYS_PTRACE (setpriv) so that py-spy is refused."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +21,63 @@ import pytest
 
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import BACKEND_VAR, find_py_spy
+from ddpboot.launch.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.stacks.find import RunRecord, request_dump
 from tests.support import SCRIPTS, ddpboot_exe, launch_env, run_launcher, wait_for
 
 HANG = str(SCRIPTS / "hang_job.py")
+PLAIN = SCRIPTS / "hang_plain.py"
 STALL = "10"
+CAP_SYS_PTRACE = 19
+SETPRIV = shutil.which("setpriv")
+VENV = Path(sys.prefix)
+# The launcher (and so its ranks) without CAP_SYS_PTRACE. (Where Yama's ptrace_scope is 1 this alone refuses py-spy
+# for ranks that are not its children; without Yama the kernel lets a process trace one of the same user and the same
+# capabilities, so the test also leaves py-spy out of the environment.)
+NO_PTRACE = [SETPRIV, "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", "--"] if SETPRIV else []
 
+
+def line(marker: str) -> str:
+    """`hang_plain.py:N` for the line marked `# <- marker`."""
+    marks = [ln.partition("# <- ")[2].partition(":")[0] for ln in PLAIN.read_text().splitlines()]
+    return f"{PLAIN.name}:{marks.index(marker) + 1}"
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    backend: str  # the one the dumps must use ("py-spy" where it works, else faulthandler)
+    options: tuple[str, ...]
+    expected: tuple[str, ...]  # what each rank's summary starts with
+    verdict: str  # a regular expression the verdict must match
+    restricted: bool = False  # a plain install (no py-spy) without CAP_SYS_PTRACE: the bootstrap's faulthandler
+    stall: str = STALL  # --stall-timeout: the dumps on demand must come before it (a torch-free start, nothing else)
+
+
+PY_SPY = "py-spy" if find_py_spy(os.environ) is not None else "faulthandler"
 CASES = {
-    # mode: (backend, extra launcher options, what rank 0 and rank 1 wait in)
-    "barrier": ("py-spy", [], ("barrier, called from hang_job.py", "not in torch.distributed: sleep_elsewhere")),
-    "destroy": ("faulthandler", ["--fast-start"],
-                ("destroy_process_group, called from hang_job.py", "not in torch.distributed: sleep_elsewhere")),
-    "deadlock": ("faulthandler", [], ("recv, called from hang_job.py", "recv, called from hang_job.py")),
+    "barrier": Case(HANG, PY_SPY, (), ("barrier, called from hang_job.py", "not in torch.distributed: sleep_elsewhere"),
+                    r"rank 0 waits in barrier at hang_job\.py:\d+; rank 1 is in hang_job\.py:\d+ \(in sleep_elsewhere\)"
+                    r", not in a collective: look at rank 1$"),
+    "destroy": Case(HANG, "faulthandler", ("--fast-start",),
+                    ("destroy_process_group, called from hang_job.py", "not in torch.distributed: sleep_elsewhere"),
+                    r"rank 0 waits in destroy_process_group at hang_job\.py:\d+; .*: look at rank 1$"),
+    "deadlock": Case(HANG, "faulthandler", (), ("recv, called from hang_job.py", "recv, called from hang_job.py"),
+                     r"^all 2 ranks wait in recv at hang_job\.py:\d+: every rank waits for a peer"),
+    "data": Case(str(PLAIN), "faulthandler", (), ("all_reduce, called from hang_plain.py", "not in torch.distributed"),
+                 re.escape(f"rank 0 waits in all_reduce at {line('data')}; rank 1 is in {line('load')} "
+                           "(in load_batch), not in a collective: look at rank 1"), restricted=True, stall="6"),
+    "skip": Case(str(PLAIN), "faulthandler", ("--nproc", "3"),
+                 ("all_reduce, called from hang_plain.py", "barrier, called from hang_plain.py",
+                  "all_reduce, called from hang_plain.py"),
+                 re.escape(f"ranks 0, 2 wait in all_reduce at {line('skip all_reduce')}; rank 1 waits in barrier at "
+                           f"{line('skip barrier')}: look at rank 1, not where its peers wait"),
+                 restricted=True, stall="6"),
+    "teardown": Case(str(PLAIN), "faulthandler", (), ("", "destroy_process_group, called from hang_plain.py"),
+                     r"^rank 0 exited 0 at \d\d:\d\d:\d\d; rank 1 has waited in destroy_process_group at "
+                     + re.escape(line("teardown")) + r" for \d+ s since then: a teardown hang: look at rank 0, "
+                     r"which left",
+                     restricted=True, stall="6"),
 }
 
 
@@ -34,41 +85,70 @@ def summaries(dump: dict[str, Any]) -> dict[int, str]:
     return {r["rank"]: r["summary"] or "" for r in dump["ranks"]}
 
 
-def named(dump: dict[str, Any], expected: tuple[str, str]) -> bool:
+def named(dump: dict[str, Any], case: Case) -> bool:
     s = summaries(dump)
-    return all(s.get(rank, "").startswith(want) for rank, want in enumerate(expected))
+    return all(s.get(rank, "").startswith(want) for rank, want in enumerate(case.expected) if want) and bool(
+        re.search(case.verdict, dump.get("verdict", "")))
+
+
+def venv_without_py_spy(tmp: Path) -> Path:
+    """This virtual environment's interpreter and packages in a new one without py-spy (none beside the
+    interpreter, none on PATH): a plain `pip install ddpboot`. Its python."""
+    root = tmp / "venv"
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text((VENV / "pyvenv.cfg").read_text())
+    (root / "lib").symlink_to(VENV / "lib")
+    python = root / "bin" / "python"
+    python.symlink_to(Path(sys.executable).resolve())
+    return python
+
+
+def no_ptrace(pid: int) -> bool:
+    caps = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("CapEff:"))
+    return not int(caps.split()[1], 16) >> CAP_SYS_PTRACE & 1
 
 
 @pytest.mark.parametrize("mode", sorted(CASES))
 def test_a_hung_job_is_dumped_on_demand_and_at_the_stall_timeout(mode: str, tmp_path: Path) -> None:
-    backend, options, expected = CASES[mode]
-    if backend == "py-spy" and find_py_spy(os.environ) is None:
-        pytest.skip("py-spy is not installed (pip install ddpboot[debug])")
-    env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: backend})
+    case = CASES[mode]
+    # Restricted: py-spy tries and is refused where setpriv can take the capability away; forced off otherwise.
+    env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: "auto" if case.restricted else case.backend})
+    exe = ddpboot_exe()
+    if case.restricted:  # a plain install: no py-spy anywhere, and the launcher without CAP_SYS_PTRACE
+        python = venv_without_py_spy(tmp_path)
+        exe = [*NO_PTRACE, str(python), "-m", "ddpboot"]
+        env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "py-spy").exists())
+        probe = "import os; from ddpboot.launch.stacks.collect import find_py_spy; print(find_py_spy(os.environ))"
+        assert subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True).stdout == "None\n"
     logs = tmp_path / "logs"
-    args = ["--cpu", "--nproc", "2", "--log-dir", str(logs), "--stall-timeout", STALL, "--shutdown-timeout", "2",
-            *options, HANG, mode]
+    nproc = [] if "--nproc" in case.options else ["--nproc", "2"]
+    args = ["--cpu", *nproc, "--log-dir", str(logs), "--stall-timeout", case.stall, "--shutdown-timeout", "2",
+            *case.options, case.script, mode]
     # The launcher's output goes to files: a pipe nobody reads while the test waits would fill with the dumps.
     with (tmp_path / "stderr").open("w") as err_file:
-        proc = subprocess.Popen([*ddpboot_exe(), *args], env=env, stdout=subprocess.DEVNULL, stderr=err_file,
-                                start_new_session=True)
+        proc = subprocess.Popen([*exe, *args], env=env, stdout=subprocess.DEVNULL,
+                                stderr=err_file, start_new_session=True)
     try:
         record = wait_for(lambda: next(logs.glob("*/launcher.json"), None), 120, "the launcher's record")
         pid = json.loads(record.read_text())["pid"]
-        rank_logs = [record.parent / "attempt_0" / f"rank{r}.log" for r in (0, 1)]
-        wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "both ranks ready")
+        if case.restricted and NO_PTRACE:
+            assert no_ptrace(pid)
+        rank_logs = [record.parent / "attempt_0" / f"rank{r}.log" for r in range(len(case.expected))]
+        wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "every rank ready")
 
-        def on_demand() -> dict[str, Any] | None:  # SIGUSR2 as `ddpboot stacks` sends it, without its start-up
+        def on_demand() -> tuple[dict[str, Any], Path] | None:  # SIGUSR2 as `ddpboot stacks` sends it
             path = request_dump(RunRecord(pid, "", record.parent), 30)
             dump = json.loads(path.read_text()) if path is not None else None
-            return dump if dump is not None and named(dump, expected) else None
+            return (dump, path) if dump is not None and path is not None and named(dump, case) else None
 
-        dump = wait_for(on_demand, 60, f"an on-demand dump naming {expected}", interval=0.2)
+        dump, path = wait_for(on_demand, 60, f"an on-demand dump naming {case.expected} and the verdict",
+                              interval=0.2)
+        assert re.search(case.verdict, verdict_line(path.with_suffix(".txt").read_text()))
         assert dump["reason"].startswith("SIGUSR2 from pid")
-        assert {r["backend"] for r in dump["ranks"]} == {backend}
+        assert {r["backend"] for r in dump["ranks"]} == {case.backend}
         got = run_launcher(["stacks", str(record.parent), "--json"], env)  # the command, by run directory
         assert got.returncode == 0, got.stderr
-        assert named(json.loads(got.stdout), expected)
+        assert named(json.loads(got.stdout), case)
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -76,15 +156,24 @@ def test_a_hung_job_is_dumped_on_demand_and_at_the_stall_timeout(mode: str, tmp_
             proc.wait()
     err = (tmp_path / "stderr").read_text()
     assert code != 0
-    assert f"no progress for {STALL} s" in err
+    assert f"no progress for {case.stall} s" in err
     stalled = json.loads(max(logs.glob("*/stacks-*.json"), key=lambda p: p.stat().st_mtime).read_text())
-    assert stalled["reason"] == f"no progress for {STALL} s, --stall-timeout"
-    assert named(stalled, expected), summaries(stalled)
-    for rank, want in enumerate(expected):
-        assert f"ddpboot:   rank {rank} (CPU, pid " in err and want in err
+    assert stalled["reason"] == f"no progress for {case.stall} s, --stall-timeout"
+    assert named(stalled, case), (summaries(stalled), stalled["verdict"])
+    for rank, want in enumerate(case.expected):
+        assert f"ddpboot:   rank {rank} (CPU, pid " in err or not want
+        assert want in err
+    assert re.search(case.verdict, verdict_line(err)), err
     assert STACKS_END_LINE in err
     text = next(logs.glob("*/stacks-1.txt")).read_text()
     assert text.rstrip().splitlines()[-1].startswith(STACKS_END_LINE)
+    assert text.rstrip().splitlines()[-2].startswith(VERDICT_PREFIX)
+
+
+def verdict_line(text: str) -> str:
+    """The last verdict in a launcher's or `ddpboot stacks`'s output."""
+    lines = [ln for ln in text.splitlines() if ln.startswith(VERDICT_PREFIX)]
+    return lines[-1].removeprefix(VERDICT_PREFIX) if lines else ""
 
 
 def test_the_stacks_command_for_no_running_job_is_one_error(tmp_path: Path) -> None:

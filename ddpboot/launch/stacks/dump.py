@@ -1,7 +1,7 @@
-"""One stack dump: collect every live rank's stack, summarise, write `stacks-N.txt` and `stacks-N.json` into the
-run directory and print the text on the launcher's console (and so into its log). The text's last line starts with
-STACKS_END_LINE; the JSON file appears last (written whole, then renamed), so a reader that waits for it reads a
-complete dump.
+"""One stack dump: collect every live rank's stack, summarise, judge (verdict.py: the rank to look at), write
+`stacks-N.txt` and `stacks-N.json` into the run directory and print the text on the launcher's console (and so into
+its log). The text's last lines are the verdict (VERDICT_PREFIX) and the one that starts with STACKS_END_LINE; the
+JSON file appears last (written whole, then renamed), so a reader that waits for it reads a complete dump.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from typing import Any
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.find import write_whole
-from ddpboot.launch.stacks.summary import describe, main_frames, parse
+from ddpboot.launch.stacks.summary import classify, main_frames, parse
+from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
+
+VERDICT_PREFIX = "ddpboot: verdict: "
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,16 @@ class Dump:
     reason: str
     stacks: list[RankStack]
     seconds: float
+    left: tuple[Left, ...] = ()  # the attempt's ranks that had exited
+    world_size: int | None = None  # the job's (None: unknown)
 
     def summary_lines(self) -> list[str]:
         return [summary_line(s) for s in self.stacks]
+
+    def verdict(self) -> Verdict:
+        seen = [Seen(s.target.rank, classify(parse(s.text), source_line, gpu=s.target.gpus != CPU) if s.text else None)
+                for s in self.stacks]
+        return judge(seen, self.left, self.world_size)
 
     def text(self) -> str:
         backends = sorted({s.backend for s in self.stacks if s.backend}) or ["none"]
@@ -39,13 +49,18 @@ class Dump:
             body = s.text.rstrip("\n") if s.text else f"(no stack: {s.problem})"
             lines += [f"[rank{t.rank}]: {ln}" for ln in body.splitlines()]
         n = len(self.stacks)
+        lines.append(VERDICT_PREFIX + self.verdict().text)
         lines.append(f"{STACKS_END_LINE} ({n} rank{'s' if n != 1 else ''}, {self.seconds:.1f} s)")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
+        verdict = self.verdict()
         return {
             "reason": self.reason,
             "seconds": round(self.seconds, 3),
+            "verdict": verdict.text,
+            "look_at": list(verdict.look_at),
+            "exited": [{"rank": x.rank, "code": x.code, "at": x.at} for x in self.left],
             "ranks": [{"rank": s.target.rank, "pid": s.target.pid, "gpus": s.target.gpus, "backend": s.backend,
                        "summary": where(s) if s.text else None, "problem": s.problem,
                        "stack": s.text} for s in self.stacks],
@@ -66,7 +81,7 @@ def source_line(file: str, line: int) -> str:
 
 def where(s: RankStack) -> str:
     """The one-line summary of where a rank whose stack was read waits."""
-    return describe(parse(s.text), source_line, gpu=s.target.gpus != CPU)
+    return classify(parse(s.text), source_line, gpu=s.target.gpus != CPU).text
 
 
 def summary_line(s: RankStack) -> str:
@@ -74,10 +89,16 @@ def summary_line(s: RankStack) -> str:
     return f"rank {t.rank} ({t.gpus}, pid {t.pid}): {where(s) if s.text else f'no stack ({s.problem})'}"
 
 
-def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str]) -> Dump:
+def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str], left: Sequence[Left] = (),
+         world_size: int | None = None) -> Dump:
     t0 = time.monotonic()
     stacks = collect(targets, env, native=env.get("DDPBOOT_STACKS_NATIVE", "") == "1")
-    return Dump(reason, stacks, time.monotonic() - t0)
+    return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size)
+
+
+def left_at(rank: int, code: int, ago: float, now: float | None = None) -> Left:
+    """A rank that exited `ago` seconds before the dump, with the wall-clock time of its exit."""
+    return Left(rank, code, time.strftime("%H:%M:%S", time.localtime((now or time.time()) - ago)), ago)
 
 
 def next_paths(run_dir: Path) -> tuple[Path, Path]:

@@ -108,19 +108,54 @@ def waiting_frame(thread: Thread) -> Frame | None:
     return next((f for f in thread.frames if f.is_distributed and f.function in WAITS), None)
 
 
+@dataclass(frozen=True)
+class Wait:
+    """Where one rank is, as the verdict (verdict.py) groups ranks: what it waits in and the script's line there.
+
+    kind: `collective`, `barrier`, `p2p` (send, recv), `store` (init_process_group waiting on the store), `init`
+    (init_process_group, new_group), `destroy` (destroy_process_group), `work` (a collective's `.wait()`), `gpu`
+    (the host waits for the GPU), `elsewhere` (in no torch.distributed call), `none` (no Python frames)."""
+
+    kind: str
+    what: str  # all_reduce, destroy_process_group, synchronize, ... ("" for elsewhere and none)
+    at: str  # the script's line, `train.py:88` ("" when no frame of the script's is known)
+    function: str  # the script's function at that line
+    text: str  # the summary line (describe)
+    after: str = ""  # a wait for the GPU: the collective on the same line ("" when none)
+
+    @property
+    def in_distributed(self) -> bool:
+        return self.kind not in ("elsewhere", "none")
+
+
+_KINDS = {"destroy_process_group": "destroy", "init_process_group": "init", "new_group": "init", "barrier": "barrier",
+          "monitored_barrier": "barrier", "send": "p2p", "recv": "p2p", "send_object_list": "p2p",
+          "recv_object_list": "p2p", "batch_isend_irecv": "p2p", "wait": "work"}
+
+
+def _kind(function: str) -> str:
+    return "store" if function in STORE_WAITS else _KINDS.get(function, "collective")
+
+
 def describe(threads: list[Thread], source: Source | None = None, *, gpu: bool = True) -> str:
     """`all_reduce, called from train.py:14 in step`; or, waiting in nothing known, the main thread's innermost
     frame (and the torch.distributed call its source line makes); `no Python frames` when the text had none.
     `gpu`: whether the rank has a GPU; a CPU rank's `.item()` or `.cpu()` waits for no GPU, so only its
     collectives are read from the line."""
+    return classify(threads, source, gpu=gpu).text
+
+
+def classify(threads: list[Thread], source: Source | None = None, *, gpu: bool = True) -> Wait:
+    """describe()'s answer with its parts (see Wait)."""
     ordered = sorted(threads, key=lambda t: not t.main)
     for t in ordered:
         frame = waiting_frame(t)
         if frame is not None:
             what = frame.function
-            if what in STORE_WAITS:
-                what = "init_process_group (waiting on the store)"
-            return what + _caller(t, frame)
+            shown = "init_process_group (waiting on the store)" if what in STORE_WAITS else what
+            user = _user_below(t, frame)
+            return Wait(_kind(what), shown, user.where() if user else "", user.function if user else "",
+                        shown + (f", called from {user.where()} in {user.function}" if user else ""))
     for t in ordered:
         if t.frames:
             inner = t.frames[0]
@@ -129,9 +164,12 @@ def describe(threads: list[Thread], source: Source | None = None, *, gpu: bool =
                 return waiting
             called = _called(inner, source)
             if called is not None:
-                return f"{called}, called from {inner.where()} in {inner.function} (no Python frame of its own)"
-            return f"not in torch.distributed: {inner.function} at {inner.where()}"
-    return "no Python frames"
+                return Wait(_kind(called.partition(" ")[0]), called, inner.where(), inner.function,
+                            f"{called}, called from {inner.where()} in {inner.function} (no Python frame of its own)")
+            user = next((f for f in t.frames if f.is_user), inner)
+            return Wait("elsewhere", "", user.where(), user.function,
+                        f"not in torch.distributed: {inner.function} at {inner.where()}")
+    return Wait("none", "", "", "", "no Python frames")
 
 
 def _called(frame: Frame, source: Source | None) -> str | None:
@@ -143,7 +181,7 @@ def _called(frame: Frame, source: Source | None) -> str | None:
                 None)
 
 
-def _gpu_wait(thread: Thread, source: Source | None) -> str | None:
+def _gpu_wait(thread: Thread, source: Source | None) -> Wait | None:
     """`synchronize (waiting for the GPU), called from job.py:11 in <module>`, and `, after all_reduce` when that
     line also calls a collective; None when the innermost frame does not wait for the GPU."""
     inner = thread.frames[0]
@@ -157,18 +195,18 @@ def _gpu_wait(thread: Thread, source: Source | None) -> str | None:
         line_frame = inner
     else:
         return None
-    text = f"{what} (waiting for the GPU)"
+    shown = f"{what} (waiting for the GPU)"
     if line_frame is None:
-        return text
-    text += f", called from {line_frame.where()} in {line_frame.function}"
+        return Wait("gpu", shown, "", "", shown)
+    text = f"{shown}, called from {line_frame.where()} in {line_frame.function}"
+    collective = ""
     if source is not None and line_frame.line is not None:
-        collective = next((n for n in _CALL.findall(source(line_frame.file, line_frame.line)) if n in WAITS), None)
-        if collective is not None:
+        collective = next((n for n in _CALL.findall(source(line_frame.file, line_frame.line)) if n in WAITS), "")
+        if collective:
             text += f", after {collective} on that line"
-    return text
+    return Wait("gpu", shown, line_frame.where(), line_frame.function, text, collective)
 
 
-def _caller(thread: Thread, frame: Frame) -> str:
+def _user_below(thread: Thread, frame: Frame) -> Frame | None:
     below = thread.frames[thread.frames.index(frame) + 1:]
-    user = next((f for f in below if f.is_user), None)
-    return f", called from {user.where()} in {user.function}" if user is not None else ""
+    return next((f for f in below if f.is_user), None)

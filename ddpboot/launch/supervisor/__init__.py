@@ -237,8 +237,13 @@ class Supervisor:
                 for w in workers if w.pid and w.status is None]
 
     def _dump(self, reason: str) -> None:
-        """Every running rank's stack, into the console (and so the log) and the run directory."""
-        dump = stack_dump.take(self._targets(), reason, self.setup.base_env)
+        """Every running rank's stack, into the console (and so the log) and the run directory, with the verdict
+        (the ranks of the attempt that exited are part of it)."""
+        workers = self.procs.workers if self.procs is not None else []
+        now = self.clock()
+        left = [stack_dump.left_at(w.slot.rank, w.code, now - w.ended) for w in workers
+                if w.status is not None and w.ended is not None]
+        dump = stack_dump.take(self._targets(), reason, self.setup.base_env, left, self.plan.world_size)
         stack_dump.write(dump, self.workdir, self.console.message)
 
     def _snapshot(self) -> Hashable | None:
