@@ -66,7 +66,10 @@ def _ddpboot_rank():
             sys.path_importer_cache[full] = importer
         if importer is not None:
             import runpy
-            sys.path[0] = full
+            if keep:
+                sys.path[0] = full
+            else:
+                sys.path.insert(0, full)
             run = lambda: runpy._run_module_as_main("__main__", False)
         else:
             if keep:

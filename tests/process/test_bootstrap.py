@@ -20,16 +20,17 @@ from tests.support import SCRIPTS
 PROBE = SCRIPTS / "boot_probe.py"
 
 
-def run(argv: list[str], cwd: Path, stacks: Path) -> tuple[int, str, str]:
-    env = {**os.environ, STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks))}
+def run(argv: list[str], cwd: Path, stacks: Path, **extra: str) -> tuple[int, str, str]:
+    env = {**os.environ, STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks)), **extra}
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout, p.stderr
 
 
-def both(kind: str, name: str, args: list[str], cwd: Path, tmp_path: Path) -> tuple[tuple[int, str, str], ...]:
+def both(kind: str, name: str, args: list[str], cwd: Path, tmp_path: Path,
+         **extra: str) -> tuple[tuple[int, str, str], ...]:
     plain = [sys.executable, "-u", name, *args] if kind == "script" else [sys.executable, "-u", "-m", name, *args]
-    return (run(plain, cwd, tmp_path / "plain.stacks"),
-            run(rank_argv(sys.executable, kind, name, args), cwd, tmp_path / "boot.stacks"))
+    return (run(plain, cwd, tmp_path / "plain.stacks", **extra),
+            run(rank_argv(sys.executable, kind, name, args), cwd, tmp_path / "boot.stacks", **extra))
 
 
 CASES = {
@@ -59,6 +60,25 @@ def test_a_script_runs_as_under_plain_python(case: str, tmp_path: Path) -> None:
 def test_a_module_runs_as_under_python_m(case: str, tmp_path: Path) -> None:
     plain, boot = both("module", "boot_probe", CASES[case][0], SCRIPTS, tmp_path)
     assert plain[0] == CASES[case][1], plain
+    assert boot == plain
+
+
+def test_a_directory_runs_its_main_as_under_plain_python(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("import sys; print(sys.argv, sys.path[:2], __file__, __name__)\n")
+    for safe in ("", "1"):  # PYTHONSAFEPATH=1 (python -P) prepends the directory all the same
+        plain, boot = both("script", "app", ["x"], tmp_path, tmp_path, PYTHONSAFEPATH=safe)
+        assert plain[0] == 0 and "app/__main__.py __main__" in plain[1], plain
+        assert boot == plain
+
+
+@pytest.mark.parametrize("kind", ["script", "module"])
+def test_without_the_scripts_directory_on_the_path_as_under_python_p(kind: str, tmp_path: Path) -> None:
+    """PYTHONSAFEPATH=1 (python -P): no sys.path[0] is prepended for a script or a module (which the current
+    directory then does not provide)."""
+    name = "boot_probe" if kind == "module" else str(PROBE)
+    plain, boot = both(kind, name, ["report"], SCRIPTS, tmp_path, PYTHONSAFEPATH="1")
+    assert plain[0] == (1 if kind == "module" else 0), plain
     assert boot == plain
 
 
