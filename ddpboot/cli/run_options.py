@@ -93,27 +93,27 @@ FastStartOption = Annotated[
 
 PreloadOption = Annotated[
     str,
-    typer.Option("--preload", envvar="DDPBOOT_PRELOAD", rich_help_panel=_PROG,
+    typer.Option("--preload", envvar="DDPBOOT_PRELOAD", rich_help_panel=_PROG, metavar="MODULES",
                  help="With --fast-start: more modules to import once, before forking the ranks (mod1,mod2)."),
 ]
 
 RdzvIdOption = Annotated[
     str | None,
-    typer.Option("--rdzv-id", "--rdzv_id", envvar="PET_RDZV_ID", rich_help_panel=_STORE,
+    typer.Option("--rdzv-id", "--rdzv_id", envvar="PET_RDZV_ID", rich_help_panel=_STORE, metavar="ID",
                  help="The job id, given to workers as TORCHELASTIC_RUN_ID and naming the --log-dir "
                  "subdirectory. Default: a fresh id per run."),
 ]
 
 RdzvConfOption = Annotated[
     str,
-    typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_TORCHRUN,
+    typer.Option("--rdzv-conf", "--rdzv_conf", envvar="PET_RDZV_CONF", rich_help_panel=_TORCHRUN, metavar="K=V,...",
                  help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (every job with several nodes), "
                  "last_call_timeout, close_timeout and the others of torch's c10d rendezvous (elastic jobs)."),
 ]
 
 StoreOption = Annotated[
     str,
-    typer.Option("--store", envvar="DDPBOOT_STORE", rich_help_panel=_STORE,
+    typer.Option("--store", envvar="DDPBOOT_STORE", rich_help_panel=_STORE, metavar="python|torch",
                  help="Who serves the store: `python` (ddpboot's implementation of torch's TCPStore protocol, "
                  "no torch import, fastest start) or `torch` (torch's own TCPStore server in the guardian "
                  "process, for a torch whose store protocol ddpboot does not know yet)."),
@@ -121,7 +121,7 @@ StoreOption = Annotated[
 
 StoreAllowOption = Annotated[
     str | None,
-    typer.Option("--store-allow", envvar="DDPBOOT_STORE_ALLOW", rich_help_panel=_STORE,
+    typer.Option("--store-allow", envvar="DDPBOOT_STORE_ALLOW", rich_help_panel=_STORE, metavar="HOSTS",
                  help="Serve the store only to these hosts: HOST[,HOST...] as addresses, networks (10.0.0.0/8) or "
                  "names. Under SLURM node 0 already serves only the job's nodes; this adds to them. ddpboot's "
                  "store only: refused with --store torch and elastic jobs (docs/security.md)."),
@@ -139,6 +139,7 @@ ShutdownTimeoutOption = Annotated[
     str | None,
     typer.Option("--shutdown-timeout", "--shutdown_timeout",
                  envvar=["PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"], rich_help_panel=_SUP,
+                 metavar="TIME",
                  help="How long workers get to exit after SIGTERM before SIGKILL, when a rank fails and when the "
                  "launcher is signalled: seconds, or with a unit (90s, 2m). Default 30."),
 ]
@@ -169,7 +170,7 @@ GpuWatchIntervalOption = Annotated[
 MonitorIntervalOption = Annotated[
     str,
     typer.Option("--monitor-interval", "--monitor_interval", envvar="PET_MONITOR_INTERVAL",
-                 rich_help_panel=_TORCHRUN,
+                 rich_help_panel=_TORCHRUN, metavar="SECONDS",
                  help="ddpboot sees exits as they happen; this is only how often it re-checks that a stopped "
                  "rank's leftover processes are gone."),
 ]
@@ -177,7 +178,7 @@ MonitorIntervalOption = Annotated[
 SignalsToHandleOption = Annotated[
     str,
     typer.Option("--signals-to-handle", "--signals_to_handle", envvar="PET_SIGNALS_TO_HANDLE",
-                 rich_help_panel=_SUP,
+                 rich_help_panel=_SUP, metavar="SIGNALS",
                  help="Signals forwarded to every worker's process group. INT, TERM, HUP and QUIT also stop the "
                  "job (a second Ctrl-C kills at once). Not forwarded when the sender (SLURM's slurmstepd) "
                  "signals the workers itself, nor twice within 1 s. Others keep their default action."),
@@ -186,6 +187,7 @@ SignalsToHandleOption = Annotated[
 StartMethodOption = Annotated[
     str,
     typer.Option("--start-method", "--start_method", envvar="PET_START_METHOD", rich_help_panel=_TORCHRUN,
+                 metavar="spawn|fork|forkserver",
                  help="torchrun's spawn, fork or forkserver: checked, and changes nothing. torchrun too starts a "
                  "script, module or program as a fresh process whatever it says (it uses it for --run-path only); "
                  "every ddpboot worker is a fresh process (fork+exec), as spawn's are. --fast-start forks ranks "
@@ -194,35 +196,35 @@ StartMethodOption = Annotated[
 
 RoleOption = Annotated[
     str,
-    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_TORCHRUN,
+    typer.Option("--role", envvar="PET_ROLE", rich_help_panel=_TORCHRUN, metavar="NAME",
                  help="ROLE_NAME given to the workers, and `${role_name}` in --log-line-prefix-template. As under "
                  "torchrun, it names no file."),
 ]
 
 WaitForGpusOption = Annotated[
     str | None,
-    typer.Option("--wait-for-gpus", envvar="DDPBOOT_WAIT_FOR_GPUS", rich_help_panel=_SUP,
+    typer.Option("--wait-for-gpus", envvar="DDPBOOT_WAIT_FOR_GPUS", rich_help_panel=_SUP, metavar="TIME",
                  help="When the GPUs are busy or held by another ddpboot job, wait up to this long (600, 10m, 2h, "
                  "inf) instead of failing."),
 ]
 
 LogDirOption = Annotated[
     str | None,
-    typer.Option("--log-dir", "--log_dir", envvar="PET_LOG_DIR", rich_help_panel=_OUT,
+    typer.Option("--log-dir", "--log_dir", envvar="PET_LOG_DIR", rich_help_panel=_OUT, metavar="DIR",
                  help="Write each rank's output to DIR/RUN_ID/attempt_N/rankG.log (both streams, unprefixed) "
                  "and its @record traceback to rankG.error.json. Without it nothing is written anywhere."),
 ]
 
 LogModeOption = Annotated[
     str,
-    typer.Option("--log-mode", envvar="DDPBOOT_LOG_MODE", rich_help_panel=_OUT,
+    typer.Option("--log-mode", envvar="DDPBOOT_LOG_MODE", rich_help_panel=_OUT, metavar="private|shared",
                  help="Who may read the run's log directory DIR/RUN_ID: `private` (you only: directories 0700, "
                  "files 0600; the default) or `shared` (as your umask allows). DIR itself keeps its mode."),
 ]
 
 RedirectsOption = Annotated[
     str | None,
-    typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_TORCHRUN,
+    typer.Option("-r", "--redirects", envvar="PET_REDIRECTS", rich_help_panel=_TORCHRUN, metavar="STREAMS",
                  help="Streams sent to the log files only, not the console: 0 none, 1 stdout, 2 stderr, 3 both; "
                  "per local rank as 0:3,10:2. Without --log-dir the files go under $TMPDIR/ddpboot-logs-UID "
                  "(kept; the launcher names the run's directory)."),
@@ -230,7 +232,7 @@ RedirectsOption = Annotated[
 
 TeeOption = Annotated[
     str | None,
-    typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_TORCHRUN,
+    typer.Option("-t", "--tee", envvar="PET_TEE", rich_help_panel=_TORCHRUN, metavar="STREAMS",
                  help="Streams written to the log files and shown (same form as --redirects; without --log-dir, "
                  "files as there). With --log-dir and neither -r nor -t, both streams of every rank are written and "
                  "shown."),
@@ -239,13 +241,13 @@ TeeOption = Annotated[
 LocalRanksFilterOption = Annotated[
     str | None,
     typer.Option("--local-ranks-filter", "--local_ranks_filter", envvar="PET_LOCAL_RANKS_FILTER",
-                 rich_help_panel=_TORCHRUN,
+                 rich_help_panel=_TORCHRUN, metavar="RANKS",
                  help="Show only these local ranks on the console (0,2-3); files still get every rank."),
 ]
 
 RanksFilterOption = Annotated[
     str | None,
-    typer.Option("--ranks-filter", envvar="DDPBOOT_RANKS_FILTER", rich_help_panel=_OUT,
+    typer.Option("--ranks-filter", envvar="DDPBOOT_RANKS_FILTER", rich_help_panel=_OUT, metavar="RANKS",
                  help="Show only these global ranks on the console (0,8-15); files still get every rank."),
 ]
 
@@ -280,9 +282,17 @@ DryRunOption = Annotated[
 ]
 
 
+NumaBindingOption = Annotated[
+    str | None,
+    typer.Option("--numa-binding", "--numa_binding", rich_help_panel=_TORCHRUN, metavar="POLICY", show_default=False,
+                 help="torchrun's node, socket, exclusive or core-complex, for each rank's own GPU: bind it to the "
+                 "cores of its GPU's NUMA node, of its socket, an exclusive share of the node's physical cores, or "
+                 "one last-level cache of the node (docs/reference.md). Instead of --cpu-affinity; CPU binding only."),
+]
+
+
 # torchrun options that ddpboot refuses by name (launch/config.py says why and what to use instead): declared so
 # that the refusal names them, hidden from --help, listed in docs/guide.md.
-NumaBindingOption = Annotated[str | None, typer.Option("--numa-binding", "--numa_binding", hidden=True)]
 LogsSpecsOption = Annotated[str | None, typer.Option("--logs-specs", "--logs_specs", hidden=True)]
 EventLogHandlerOption = Annotated[str | None, typer.Option("--event-log-handler", "--event_log_handler", hidden=True)]
 DuplicateStdoutFiltersOption = Annotated[
@@ -293,7 +303,6 @@ DuplicateStderrFiltersOption = Annotated[
 ]
 
 REFUSED = {
-    "numa_binding": NumaBindingOption,
     "logs_specs": LogsSpecsOption,
     "event_log_handler": EventLogHandlerOption,
     "duplicate_stdout_filters": DuplicateStdoutFiltersOption,
@@ -343,6 +352,7 @@ RUN_PARAMS = [
     _param("no_prefix", NoPrefixOption, False),
     _param("log_line_prefix_template", LogLinePrefixTemplateOption, None),
     _param("virtual_local_rank", VirtualLocalRankOption, False),
+    _param("numa_binding", NumaBindingOption, None),
     _param("dry_run", DryRunOption, False),
     _param("as_json", JsonOption, False),
     _param("version", VersionOption, False),

@@ -11,7 +11,8 @@ nothing started):
 3. the values that need nothing else: store backend, signals, durations, restarts, start method, rendezvous
    settings (`--rdzv-conf`, once), the preloads' syntax, the output options (-r/-t, which without --log-dir write
    under the temporary log base, logs.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
-   or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`;
+   or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`,
+   `--numa-binding` (as the request's CPU affinity, which it contradicts when given);
 4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
    a DNS lookup of at most 5 s), the store's address and allow-list, the run id;
 5. the program: the interpreter (PYTHON_EXEC), the script, module or binary, the preloaded modules;
@@ -45,6 +46,7 @@ from ddpboot.launch.options import (
     check_log_dir,
     check_preloads,
     check_rank_filter,
+    numa_selection,
     parse_prefix_template,
     parse_preloads,
     parse_rank_list,
@@ -135,6 +137,7 @@ class RunOptions:
     no_prefix: bool = False
     log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
+    numa_binding: str | None = None  # torchrun's NUMA policy, as the request's CPU affinity
     dry_run: bool = False
     refused: Mapping[str, str | None] = field(default_factory=dict)  # torchrun options ddpboot refuses, as given
     from_env: Mapping[str, str] = field(default_factory=dict)
@@ -315,7 +318,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
                                     not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role)
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
-        planned = build_plan(o.selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
+        selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
+        planned = build_plan(selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
                              ranks_filter=o.ranks_filter, from_env=o.from_env)
         nodes = planned.nodes
         allow = parse_store_allow(o.store_allow, nodes, backend)

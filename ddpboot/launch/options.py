@@ -11,11 +11,14 @@ import signal
 import string
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import is_module_name
 from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec, StoreBackend, TargetKind
+from ddpboot.selection.affinity import NUMA_POLICIES
+from ddpboot.selection.request import SelectionOptions
 
 _STD_HELP = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank as RANK:VALUE pairs (0:3,10:2)"
 
@@ -161,11 +164,6 @@ def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
 
 # torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).
 REFUSED_TORCHRUN_OPTIONS = {
-    "--numa-binding": "ddpboot has no NUMA policies (node, socket, exclusive, core-complex) and binds no memory; "
-    "torchrun's assume that local rank N drives GPU N, which ddpboot's choice of GPUs breaks. ddpboot binds each rank "
-    "to the CPU cores near its own GPU by default (--cpu-affinity auto, shown by `ddpboot plan`), split among the "
-    "ranks that share them. Drop --numa-binding, or choose cores with --cpu-affinity LIST (one list per rank: "
-    "0-7;8-15).",
     "--logs-specs": "ddpboot has no LogsSpecs plugins; it writes each rank's output to --log-dir DIR "
     "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
     "--logs-specs.",
@@ -178,6 +176,19 @@ REFUSED_TORCHRUN_OPTIONS = {
     "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
     "--duplicate-stderr-filters.",
 }
+
+
+def numa_selection(text: str, selection: SelectionOptions) -> SelectionOptions:
+    """`--numa-binding POLICY`: torchrun's policies, as the request's CPU affinity (selection/affinity.py applies
+    them to each rank's own GPU); it chooses each rank's cores, so a --cpu-affinity of one's own contradicts it."""
+    mode = text.strip().lower()
+    if mode not in NUMA_POLICIES:
+        raise UsageError(f"--numa-binding {text}: choose {', '.join(NUMA_POLICIES[:-1])} or {NUMA_POLICIES[-1]} "
+                         "(torchrun's policies), or give each rank's cores yourself with --cpu-affinity LIST.")
+    if selection.cpu_affinity.strip().lower() != "auto":
+        raise UsageError(f"--numa-binding {text} and --cpu-affinity {selection.cpu_affinity} both choose each rank's "
+                         "cores: give one of them.")
+    return replace(selection, cpu_affinity=mode)
 
 
 def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:

@@ -9,6 +9,7 @@ compared where the installed torchrun has them, and checked under ddpboot alone 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -138,7 +139,7 @@ def test_print_completion(shell: str, tmp_path: Path) -> None:
     script = done.stdout
     for option in ("--nproc", "--log-line-prefix-template", "--print-completion", "--wide"):
         assert option[2:] in script, option  # every command's options, fish and tcsh without the dashes
-    assert "numa-binding" not in script  # refused options are hidden, and not offered
+    assert "logs-specs" not in script  # refused options are hidden, and not offered
     if shell != "bash":
         return
     path = tmp_path / "ddpboot.bash"
@@ -166,3 +167,31 @@ def test_print_completion_refuses_an_unknown_shell(tmp_path: Path) -> None:
     done = run(ddpboot_exe(), ["--print-completion", "powershell"], tmp_path / "d")
     assert done.returncode == 2 and done.stderr.count("ddpboot: error:") == 1
     assert "'powershell': choose one of bash, zsh, tcsh, fish" in done.stderr
+
+
+AFFINITY = """\
+import os
+print(f"cpus {os.environ['RANK']} {sorted(os.sched_getaffinity(0))}", flush=True)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two cores to share are needed")
+@pytest.mark.parametrize("policy", ["node", "exclusive"])
+def test_numa_binding_binds_each_rank_as_the_plan_shows(policy: str, tmp_path: Path) -> None:
+    """torchrun's --numa-binding needs CUDA devices (it asks torch for each GPU's PCI address); here, two simulated
+    GPUs near the launcher's cores: the cores each rank runs on are those `ddpboot plan` shows for the policy."""
+    cores = sorted(os.sched_getaffinity(0))
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(json.dumps([{"name": "Simulated", "memory_total": 2**34, "cpu_affinity": cores}] * 2))
+    (tmp_path / "affinity.py").write_text(AFFINITY)
+    env = {"DDPBOOT_FAKE_GPUS": str(gpus)}
+    plan = run(ddpboot_exe(), ["plan", "--nproc", "2", "--cpu-affinity", policy, "--json"], tmp_path / "p", **env)
+    shown = [r["cpus"] for r in json.loads(plan.stdout)["ranks"]]
+    done = run(ddpboot_exe(), ["--nproc", "2", "--numa-binding", policy, "affinity.py"], tmp_path / "d", **env)
+    assert done.returncode == 0, done.stderr
+    ran = dict(re.findall(r"^\[rank(\d)\]: cpus \d (.*)$", done.stdout, re.M))
+    assert [json.loads(ran[r]) for r in ("0", "1")] == shown
+    if policy == "exclusive":
+        assert shown[0] and shown[1] and not set(shown[0]) & set(shown[1])
+    else:
+        assert shown[0] == shown[1] and set(shown[0]) >= set(cores)  # the whole node (or nodes) of those cores

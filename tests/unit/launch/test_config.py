@@ -20,6 +20,7 @@ from ddpboot.launch.options import (
     target_kind,
 )
 from ddpboot.launch.spec import Std
+from ddpboot.selection.affinity import NumaPolicy
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import parse_request
@@ -160,8 +161,8 @@ def test_the_config_is_built_with_typed_values(script: str) -> None:
 
 
 def test_refusals_come_first_and_values_from_the_environment_are_named(script: str) -> None:
-    with pytest.raises(UsageError, match=r"^--numa-binding node"):
-        configure(script, refused={"--numa-binding": "node"}, max_restarts=-1)
+    with pytest.raises(UsageError, match=r"^--logs-specs mine"):
+        configure(script, refused={"--logs-specs": "mine"}, max_restarts=-1)
     with pytest.raises(UsageError, match="--nnodes came from PET_NNODES=2 in the environment") as info:
         build(RunOptions(script=script, nodes=NodeOptions(nnodes="2"), from_env={"--nnodes": "PET_NNODES"}),
               {"PET_NNODES": "2"}, Path(script).parent)
@@ -175,8 +176,17 @@ def test_fast_start_of_a_program_is_a_note_not_an_error(tmp_path: Path) -> None:
 
 def test_refused_torchrun_options_say_what_to_use_instead() -> None:
     refuse_torchrun_options({option: None for option in REFUSED_TORCHRUN_OPTIONS})
-    with pytest.raises(UsageError, match=r"^--numa-binding node: .*--cpu-affinity"):
-        refuse_torchrun_options({"--numa-binding": "node"})
+    with pytest.raises(UsageError, match=r"^--event-log-handler x: .*stderr"):
+        refuse_torchrun_options({"--event-log-handler": "x"})
+
+
+def test_numa_binding_is_the_requests_cpu_affinity(script: str) -> None:
+    config = configure(script, numa_binding=" Socket ")
+    assert config.request.cpu_affinity == NumaPolicy("socket")  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"^--numa-binding numa: choose node, socket, exclusive or core-complex"):
+        configure(script, numa_binding="numa")
+    with pytest.raises(UsageError, match="--numa-binding node and --cpu-affinity 0-3 both choose"):
+        configure(script, numa_binding="node", selection=SelectionOptions(cpu_affinity="0-3"))
 
 
 def test_a_preload_that_cannot_be_found_is_an_error(tmp_path: Path) -> None:

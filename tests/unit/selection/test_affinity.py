@@ -1,6 +1,9 @@
-"""Cores per rank: near its GPU, split fairly, within what the launcher may use."""
+"""Cores per rank: near its GPU, split fairly, within what the launcher may use; torchrun's NUMA policies on
+simulated topologies."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -9,9 +12,12 @@ from hypothesis import strategies as st
 from ddpboot.errors import UsageError
 from ddpboot.selection.affinity import (
     CoreLists,
+    NumaPolicy,
+    Topology,
     assign_cores,
     explicit_cores,
     format_cpu_list,
+    numa_cores,
     parse_cpu_affinity,
     parse_cpu_list,
     rank_cores,
@@ -153,3 +159,104 @@ def test_assign_cores_unknown_nearness() -> None:
 def test_a_backwards_range_is_named_as_such() -> None:
     with pytest.raises(UsageError, match=r"'1-0' runs backwards. Write it low to high: 0-1"):
         parse_cpu_list("1-0", "--cpu-affinity")
+
+
+# --- torchrun's NUMA policies (--numa-binding), for each rank's own GPU --------------------------------------------
+
+def node_cpus(n: int) -> tuple[int, ...]:
+    """NUMA node n of the simulated machine: physical cores 8n..8n+7, their hyperthreads 32 above."""
+    return (*range(8 * n, 8 * n + 8), *range(32 + 8 * n, 32 + 8 * n + 8))
+
+
+def simulated_topology() -> Topology:
+    """2 sockets of 2 NUMA nodes, 8 cores of 2 threads per node, one L3 per 4 cores (2 per node): 64 CPUs."""
+    node = {c: n for n in range(4) for c in node_cpus(n)}
+    return Topology(
+        node=node,
+        socket={c: n // 2 for c, n in node.items()},
+        core={c: c % 32 for c in node},
+        cache={c: (c % 32) // 4 * 4 for c in node},
+    )
+
+
+def numa_machine() -> Inventory:
+    """8 GPUs, two on each NUMA node of the simulated topology (GPU g on node g // 2)."""
+    return Inventory(tuple(GPU(g, f"GPU-{g:04d}bbbb", f"00000000:{g + 1:02X}:00.0", "X", 2**30, 0, 0,
+                               cpu_affinity=node_cpus(g // 2), numa_node=g // 2) for g in range(8)), "fake")
+
+
+def bound(policy: str, near: list[tuple[int, ...]], allowed: range | list[int] = range(64)) -> list[tuple[int, ...]]:
+    return numa_cores(NumaPolicy(policy), near, allowed, simulated_topology())
+
+
+def test_node_and_socket_bind_every_allowed_cpu_of_the_gpus_node_or_socket() -> None:
+    near = [node_cpus(3), node_cpus(0)]
+    assert bound("node", near) == [tuple(sorted(node_cpus(3))), tuple(sorted(node_cpus(0)))]
+    assert bound("socket", near) == [tuple(sorted(node_cpus(2) + node_cpus(3))),
+                                     tuple(sorted(node_cpus(0) + node_cpus(1)))]
+    assert bound("node", [node_cpus(1)], allowed=[9, 10, 41, 60]) == [(9, 10, 41)]  # within what may be used
+
+
+def test_exclusive_divides_the_nodes_physical_cores_among_its_ranks() -> None:
+    two = bound("exclusive", [node_cpus(0), node_cpus(0), node_cpus(2)])
+    assert two[0] == (0, 1, 2, 3, 32, 33, 34, 35) and two[1] == (4, 5, 6, 7, 36, 37, 38, 39)  # hyperthreads kept
+    assert two[2] == tuple(sorted(node_cpus(2)))  # alone on its node: all of it
+    three = bound("exclusive", [node_cpus(1)] * 3)
+    assert [len(c) // 2 for c in three] == [3, 3, 2]  # 8 cores for 3 ranks: the first ranks get the extra one
+    assert not set(three[0]) & set(three[1]) and not set(three[1]) & set(three[2])
+    with pytest.raises(UsageError, match="9 ranks' GPUs are on one NUMA node with only 8 physical cores"):
+        bound("exclusive", [node_cpus(0)] * 9)
+
+
+def test_core_complex_gives_each_rank_its_own_last_level_cache_while_there_are_enough() -> None:
+    got = bound("core-complex", [node_cpus(1)] * 3)
+    assert got[0] == (8, 9, 10, 11, 40, 41, 42, 43) and got[1] == (12, 13, 14, 15, 44, 45, 46, 47)
+    assert got[2] == got[0]  # two caches for three ranks: they share again
+    # A cache partly outside the allowed cores comes after the full one.
+    assert bound("core-complex", [node_cpus(0)], allowed=[0, 4, 5, 6]) == [(4, 5, 6)]
+
+
+def test_a_rank_without_a_known_numa_node_is_an_error() -> None:
+    with pytest.raises(UsageError, match="rank 1 has no GPU whose NUMA node ddpboot knows"):
+        bound("node", [node_cpus(0), ()])
+    with pytest.raises(UsageError, match="rank 0's NUMA node has no core this launcher may use"):
+        bound("socket", [node_cpus(0)], allowed=[60, 61])
+
+
+def test_the_policy_follows_the_ranks_physical_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun binds local rank 0 by GPU 0's node; ddpboot's rank 0 on GPU 6 is bound by GPU 6's node (3)."""
+    monkeypatch.setattr(Topology, "read", classmethod(lambda cls, root=None: simulated_topology()))
+    for policy, want in (("node", node_cpus(3)), ("socket", node_cpus(2) + node_cpus(3))):
+        p = make_plan(parse_request(gpus="6,0", cpu_affinity=policy), numa_machine(), {}, allowed_cpus=range(64))
+        assert p.ranks[0].cpus == tuple(sorted(want)) and p.ranks[1].cpus == tuple(sorted(node_cpus(0) + (
+            node_cpus(1) if policy == "socket" else ())))
+    p = make_plan(parse_request(gpus="7,6", cpu_affinity="exclusive"), numa_machine(), {}, allowed_cpus=range(64))
+    assert [r.cpus for r in p.ranks] == [(24, 25, 26, 27, 56, 57, 58, 59), (28, 29, 30, 31, 60, 61, 62, 63)]
+    assert [r.omp_threads for r in p.ranks] == [8, 8]
+    assert parse_cpu_affinity(" Core-Complex ") == NumaPolicy("core-complex")
+
+
+def test_the_topology_is_read_from_sysfs(tmp_path: Path) -> None:
+    """A tree laid out as /sys/devices/system: 2 nodes, 4 CPUs, 2 threads per core, one L3 per node."""
+    def write(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text + "\n")
+
+    write("node/node0/cpulist", "0,2")
+    write("node/node1/cpulist", "1,3")
+    write("node/online", "0-1")  # not a node directory
+    for cpu in range(4):
+        base = f"cpu/cpu{cpu}"
+        write(f"{base}/topology/physical_package_id", str(cpu % 2))
+        write(f"{base}/topology/thread_siblings_list", f"{cpu % 2},{cpu % 2 + 2}")
+        for index, (kind, level, shared) in enumerate([("Instruction", 1, str(cpu)), ("Data", 1, str(cpu)),
+                                                       ("Unified", 3, f"{cpu % 2},{cpu % 2 + 2}")]):
+            write(f"{base}/cache/index{index}/type", kind)
+            write(f"{base}/cache/index{index}/level", str(level))
+            write(f"{base}/cache/index{index}/shared_cpu_list", shared)
+    topo = Topology.read(tmp_path)
+    assert topo.node == {0: 0, 2: 0, 1: 1, 3: 1} and topo.socket == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert topo.core == {0: 0, 1: 1, 2: 0, 3: 1} and topo.cache == {0: 0, 1: 1, 2: 0, 3: 1}
+    bare = Topology.read(tmp_path / "nothing")  # no sysfs: one node, one socket, a core per CPU
+    assert numa_cores(NumaPolicy("socket"), [(0, 1)], [0, 1, 2], bare) == [(0, 1, 2)]
+    assert numa_cores(NumaPolicy("exclusive"), [(0, 1), (0, 1)], [0, 1, 2], bare) == [(0, 1), (2,)]
