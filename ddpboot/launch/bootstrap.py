@@ -16,7 +16,8 @@ ddpboot installed, one inside a container that cannot see the launcher's files).
   for a KeyboardInterrupt), after the usual finalisation; SystemExit is the interpreter's own, untouched.
 
 What differs: two frames named `<string>` below the script's in a live stack (py-spy, faulthandler; the summary
-skips them), and one open file (the stacks file, close-on-exec).
+skips them), one open file (the stacks file, close-on-exec), and the process's command line (`ps`; CODE's first line
+says what it is), which `--dry-run` and the failure report show as `python -u SCRIPT ARGS` (launch/env.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 KINDS = ("script", "module", "run_path")
 
 CODE = '''\
+# ddpboot rank bootstrap: faulthandler on DDPBOOT_STACKS, then the script as python runs it
 def _ddpboot_rank():
     import os, sys
     g = globals()
