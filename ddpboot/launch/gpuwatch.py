@@ -8,7 +8,10 @@ rank's mark in its environment (see procs/leftovers.py). Then, once per (rank, G
 - a rank's process holding memory on a GPU that is not one of the rank's: the rank, the pid and what it is (the
   rank itself, a child such as a DataLoader worker), the MiB, the GPU, and the likely causes. Under `strict` the
   job then ends with exit code GPU_WATCH_EXIT;
-- a process that is not the job's on one of the job's GPUs: its pid, user and command, and the MiB.
+- a process that is not the job's on one of the job's GPUs: its pid, user and command, and the MiB;
+- a GPU of the job whose memory is within 5% of full, that slows its clocks for a reason other than a power cap or
+  idling (hardware or thermal slowdown, power brake), whose uncorrected ECC error count grew, or that reported a
+  critical Xid error: the GPU and its ranks (once per GPU and kind).
 
 NVML in a container sees the host's pids, which this process cannot see: when none of the pids NVML lists on the
 job's GPUs exists here, the watch says so once and says nothing about strangers (it cannot tell them apart).
@@ -28,7 +31,7 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import WatchMode
-from ddpboot.selection.inventory import GpuProcess, NvmlProcesses, fake_gpu_processes
+from ddpboot.selection.inventory import GpuHealth, GpuProcess, NvmlProcesses, fake_gpu_health, fake_gpu_processes
 from ddpboot.selection.planner import Plan
 
 WATCH_INTERVAL = 5.0  # seconds between two readings
@@ -143,6 +146,44 @@ def findings(
     return out
 
 
+FULL = 0.95  # a GPU whose memory is this full is said to be nearly full
+
+
+def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
+                    ecc_before: Mapping[str, int | None]) -> list[Finding]:
+    """What is wrong with the job's GPUs (`ecc_before`: each GPU's uncorrected ECC count at the first reading)."""
+    whose: dict[str, list[int]] = {}
+    for r in ranks:
+        for u in r.uuids:
+            whose.setdefault(u, []).append(r.rank)
+    out = []
+    for st in states:
+        if st.uuid not in whose:
+            continue
+        names = ", ".join(map(str, whose[st.uuid]))
+        gpu = f"GPU {st.label} (rank{'s' if ',' in names else ''} {names})"
+        if st.memory_total and st.memory_used >= FULL * st.memory_total:
+            out.append(Finding(("memory", st.uuid), (
+                f"ddpboot: gpu watch: {gpu} is {st.memory_used / st.memory_total:.0%} full "
+                f"({st.memory_used / 2**30:.1f} of {st.memory_total / 2**30:.1f} GiB): the next allocation may fail "
+                "with CUDA out of memory")))
+        for why in st.slowdowns:
+            out.append(Finding(("slow", st.uuid, why), (
+                f"ddpboot: gpu watch: {gpu} slows its clocks: {why}; the job runs slower than it should (nvidia-smi "
+                "-q -d PERFORMANCE shows why; check the machine's cooling and power)")))
+        before = ecc_before.get(st.uuid)
+        if st.ecc_uncorrected is not None and before is not None and st.ecc_uncorrected > before:
+            out.append(Finding(("ecc", st.uuid, st.ecc_uncorrected), (
+                f"ddpboot: gpu watch: {gpu} reports {st.ecc_uncorrected - before} new uncorrected ECC error"
+                f"{'s' if st.ecc_uncorrected - before > 1 else ''} during this job ({st.ecc_uncorrected} since the "
+                "driver loaded): its memory is failing, results computed on it may be wrong")))
+        for xid in st.xids:
+            out.append(Finding(("xid", st.uuid, xid), (
+                f"ddpboot: gpu watch: {gpu} reported Xid {xid}, a GPU error the driver logged (NVIDIA's Xid list says "
+                "what it means; `dmesg` has the driver's line)")))
+    return out
+
+
 def rank_gpus(plan: Plan, pids: Mapping[int, int]) -> list[RankGpus]:
     """The running ranks of `plan` (`pids`: rank → pid, 0 or absent: not running)."""
     out = []
@@ -169,25 +210,26 @@ class GpuWatch:
     nvml: NvmlProcesses | None = None
     broken: bool = False
     ended: bool = False  # strict has ended the attempt
+    ecc_before: dict[str, int | None] | None = None  # each GPU's uncorrected ECC count at the first reading
 
     @property
     def active(self) -> bool:
         return self.mode is not WatchMode.OFF and not self.broken and any(s.gpus for s in self.plan.ranks)
 
-    def _read(self) -> list[GpuProcess]:
+    def _read(self) -> tuple[list[GpuProcess], list[GpuHealth]]:
         spec = self.env.get(FAKE_GPUS_VAR)
         if spec is not None and spec.strip():
-            return fake_gpu_processes(spec)
+            return fake_gpu_processes(spec), fake_gpu_health(spec)
         if self.nvml is None:
             self.nvml = NvmlProcesses()
-        return self.nvml.read()
+        return self.nvml.read(), self.nvml.health()
 
     def check(self, pids: Mapping[int, int]) -> bool:
         """One reading; True when `strict` must end the job (a rank on a GPU not its own)."""
         if not self.active:
             return False
         try:
-            procs = self._read()
+            procs, health = self._read()
         except Exception as exc:  # InventoryError, OSError, ImportError, NVMLError (no common base to name)
             self.broken = True
             self.say(f"ddpboot: gpu watch: cannot read the GPUs' processes ({exc}); the watch is off for this job")
@@ -195,6 +237,9 @@ class GpuWatch:
         ranks = rank_gpus(self.plan, pids)
         table = leftovers.snapshot()
         found = findings(procs, ranks, table, owners(table, ranks, self.run_dir), os.getpid())
+        if self.ecc_before is None:
+            self.ecc_before = {h.uuid: h.ecc_uncorrected for h in health}
+        found += health_findings(health, ranks, self.ecc_before)
         end = False
         for f in found:
             if f.key not in self.said:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.gpuwatch import RankGpus, WatchMode, findings, owners, parse_watch_mode
+from ddpboot.launch.gpuwatch import RankGpus, WatchMode, findings, health_findings, owners, parse_watch_mode
 from ddpboot.launch.procs.leftovers import Proc
-from ddpboot.selection.inventory import GpuProcess
+from ddpboot.selection.inventory import GpuHealth, GpuProcess
 
 MIB = 1 << 20
 RUN = Path("/tmp/ddpboot-x")
@@ -65,3 +65,27 @@ def test_the_mode_is_parsed_with_the_choices_named() -> None:
     assert parse_watch_mode(" Strict") is WatchMode.STRICT
     with pytest.raises(UsageError, match=r"--gpu-watch 'loud': choose warn .* strict .* exit code 125 .* or off"):
         parse_watch_mode("loud")
+
+
+def health(uuid: str = "GPU-a", used: int = 10, **kw: object) -> GpuHealth:
+    return GpuHealth(uuid, "0" if uuid == "GPU-a" else "1", 100 * 2**30, used * 2**30, **kw)  # type: ignore[arg-type]
+
+
+def test_a_job_gpu_that_is_nearly_full_slowed_failing_or_erring_is_named_with_its_ranks() -> None:
+    sick = health(used=96, slowdowns=("thermal slowdown",), ecc_uncorrected=5, xids=(79,))
+    found = health_findings([sick, health("GPU-b"), health("GPU-z", used=99)], [R0, R1], {"GPU-a": 3})
+    assert [f.key for f in found] == [("memory", "GPU-a"), ("slow", "GPU-a", "thermal slowdown"),
+                                      ("ecc", "GPU-a", 5), ("xid", "GPU-a", 79)]
+    texts = [f.text for f in found]
+    assert texts[0] == ("ddpboot: gpu watch: GPU 0 (rank 0) is 96% full (96.0 of 100.0 GiB): the next allocation "
+                        "may fail with CUDA out of memory")
+    assert texts[1].startswith("ddpboot: gpu watch: GPU 0 (rank 0) slows its clocks: thermal slowdown;")
+    assert "reports 2 new uncorrected ECC errors during this job (5 since the driver loaded)" in texts[2]
+    assert "reported Xid 79" in texts[3]
+    assert not any(f.wrong_gpu for f in found)
+
+
+def test_ecc_errors_from_before_the_job_or_unreported_are_no_finding() -> None:
+    assert health_findings([health(ecc_uncorrected=4)], [R0], {"GPU-a": 4}) == []
+    assert health_findings([health(ecc_uncorrected=None)], [R0], {"GPU-a": None}) == []
+    assert health_findings([health(used=94)], [R0], {}) == []
