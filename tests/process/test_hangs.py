@@ -23,7 +23,7 @@ from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import BACKEND_VAR, find_py_spy
 from ddpboot.launch.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.stacks.find import RunRecord, request_dump
-from tests.support import SCRIPTS, ddpboot_exe, launch_env, run_launcher, wait_for
+from tests.support import SCRIPTS, ddpboot_exe, free_port, launch_env, run_launcher, wait_for
 
 HANG = str(SCRIPTS / "hang_job.py")
 PLAIN = SCRIPTS / "hang_plain.py"
@@ -181,3 +181,42 @@ def test_the_stacks_command_for_no_running_job_is_one_error(tmp_path: Path) -> N
     got = run_launcher(["stacks", str(tmp_path)], env)
     assert got.returncode == 2 and got.stderr.startswith("ddpboot: error: RUN ")
     assert "is no running ddpboot job's pid, run id or run directory" in got.stderr
+
+
+def test_a_two_node_verdict_names_the_rank_on_the_other_node(tmp_path: Path) -> None:
+    """Two launchers (nodes) of one job on this machine, one rank each: rank 1, on node 1, sleeps in its data
+    loading while rank 0 waits in all_reduce. Node 1's dump writes where its rank is into node 0's store; node 0's
+    verdict then names rank 1 and its node."""
+    port = free_port()
+    env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: "faulthandler"})
+    logs = [tmp_path / f"node{n}" for n in (0, 1)]
+    procs = []
+    for n in (0, 1):
+        args = ["--cpu", "--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port",
+                str(port), "--nproc", "1", "--log-dir", str(logs[n]), "--stall-timeout", "300", str(PLAIN), "data"]
+        with (tmp_path / f"stderr{n}").open("w") as err_file:
+            procs.append(subprocess.Popen([*ddpboot_exe(), *args], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=err_file, start_new_session=True))
+    try:
+        records = [wait_for(lambda d=d: next(d.glob("*/launcher.json"), None), 120, "a launcher's record")
+                   for d in logs]
+        pids = [json.loads(r.read_text())["pid"] for r in records]
+        rank_logs = [records[n].parent / "attempt_0" / f"rank{n}.log" for n in (0, 1)]
+        wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "both ranks ready")
+        node1 = request_dump(RunRecord(pids[1], "", records[1].parent), 30)
+        assert node1 is not None and json.loads(node1.read_text())["ranks"][0]["summary"].startswith(
+            "not in torch.distributed")
+        want = re.escape(f"rank 0 waits in all_reduce at {line('data')}; rank 1 is in {line('load')} (in load_batch), "
+                         "not in a collective: look at rank 1; rank 1 runs on node 1")
+        node0 = request_dump(RunRecord(pids[0], "", records[0].parent), 30)
+        assert node0 is not None
+        assert re.fullmatch(want, json.loads(node0.read_text())["verdict"]), json.loads(node0.read_text())["verdict"]
+        got = run_launcher(["stacks", str(records[0].parent), "--json"], env)
+        assert got.returncode == 0, got.stderr
+        assert re.fullmatch(want, json.loads(got.stdout)["verdict"])
+        assert re.search(want, verdict_line(node0.with_suffix(".txt").read_text()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

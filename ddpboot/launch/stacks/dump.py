@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import linecache
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.find import write_whole
+from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
 from ddpboot.launch.stacks.summary import classify, main_frames, parse
 from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
 
@@ -30,14 +32,21 @@ class Dump:
     seconds: float
     left: tuple[Left, ...] = ()  # the attempt's ranks that had exited
     world_size: int | None = None  # the job's (None: unknown)
+    node: int | None = None  # this node's rank, in a job of several nodes
+    others: tuple[NodeReport, ...] = ()  # node 0: the other nodes' reports (gather.py)
+    silent: tuple[int, ...] = ()  # node 0: the nodes without a fresh report
 
     def summary_lines(self) -> list[str]:
         return [summary_line(s) for s in self.stacks]
 
+    def seen(self) -> list[Seen]:
+        return [Seen(s.target.rank, classify(parse(s.text), source_line, gpu=s.target.gpus != CPU) if s.text else None,
+                     self.node) for s in self.stacks]
+
     def verdict(self) -> Verdict:
-        seen = [Seen(s.target.rank, classify(parse(s.text), source_line, gpu=s.target.gpus != CPU) if s.text else None)
-                for s in self.stacks]
-        return judge(seen, self.left, self.world_size)
+        seen = [*self.seen(), *(s for r in self.others for s in r.seen)]
+        left = [*(replace(x, node=self.node) for x in self.left), *(x for r in self.others for x in r.left)]
+        return judge(seen, left, self.world_size, self.silent)
 
     def text(self) -> str:
         backends = sorted({s.backend for s in self.stacks if s.backend}) or ["none"]
@@ -94,6 +103,18 @@ def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str], lef
     t0 = time.monotonic()
     stacks = collect(targets, env, native=env.get("DDPBOOT_STACKS_NATIVE", "") == "1")
     return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size)
+
+
+def shared(dump: Dump, node: int, nnodes: int, store: tuple[str, int], run_id: str) -> tuple[Dump, str | None]:
+    """A dump of a job of several nodes (gather.py): node 0's with the other nodes' fresh reports, another node's
+    after writing its own report into node 0's store; and why that could not be done, or None."""
+    now = time.time()
+    mine = replace(dump, node=node)
+    if node != 0:
+        left = tuple(replace(x, node=node) for x in dump.left)
+        return mine, publish(*store, run_id, NodeReport(node, socket.gethostname(), tuple(mine.seen()), left, now))
+    others, silent = gather(*store, run_id, list(range(1, nnodes)), now - FRESH)
+    return replace(mine, others=tuple(others), silent=tuple(silent)), None
 
 
 def left_at(rank: int, code: int, ago: float, now: float | None = None) -> Left:

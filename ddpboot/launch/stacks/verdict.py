@@ -29,6 +29,7 @@ class Seen:
 
     rank: int
     wait: Wait | None
+    node: int | None = None  # the node it runs on, in a verdict over several nodes (gather.py)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Left:
     code: int
     at: str  # the wall-clock time it exited, `12:01:03`
     ago: float  # seconds before the dump
+    node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,29 @@ def _left_clause(left: Sequence[Left]) -> str:
     return "; ".join(f"{ranks_text([x.rank])} exited {x.code} at {x.at}" for x in sorted(left, key=lambda x: x.rank))
 
 
-def judge(seen: Sequence[Seen], left: Sequence[Left] = (), world_size: int | None = None) -> Verdict:
+def judge(seen: Sequence[Seen], left: Sequence[Left] = (), world_size: int | None = None,
+          silent: Sequence[int] = ()) -> Verdict:
     """The verdict for the running ranks `seen`, the attempt's ranks that exited (`left`), and the job's world size
-    (None: unknown; more than the ranks here: the others run on other nodes)."""
+    (None: unknown; more than the ranks here: the others run on other nodes), with the node of each rank named
+    when known, and the nodes whose ranks are missing because they did not answer (`silent`)."""
+    verdict = _judge(seen, left, world_size)
+    nodes = {x.rank: x.node for x in seen if x.node is not None} | {x.rank: x.node for x in left if x.node is not None}
+    text = verdict.text
+    on = sorted({nodes[r] for r in verdict.look_at if r in nodes})
+    if on:
+        text += "; " + "; ".join(
+            _on_node([r for r in verdict.look_at if nodes.get(r) == n], n) for n in on)
+    if silent:
+        text += (f"; no answer from node{'s' if len(silent) > 1 else ''} {', '.join(map(str, sorted(silent)))} "
+                 "(run ddpboot stacks there)")
+    return Verdict(text, verdict.look_at)
+
+
+def _on_node(ranks: list[int], node: int) -> str:
+    return f"{ranks_text(ranks)} {'runs' if len(ranks) == 1 else 'run'} on node {node}"
+
+
+def _judge(seen: Sequence[Seen], left: Sequence[Left], world_size: int | None) -> Verdict:
     read = [s for s in seen if s.wait is not None and s.wait.kind != "none"]
     unread = sorted(s.rank for s in seen if s not in read)
     waiting = _groups([s for s in read if s.wait is not None and s.wait.in_distributed])
@@ -132,16 +154,23 @@ def _verdict(waiting: list[tuple[Wait, list[int]]], elsewhere: list[tuple[Wait, 
         return Verdict(f"{_wait_clause(waiting)}; {_elsewhere_clause(elsewhere)}, not in a collective: "
                        f"look at {ranks_text(odd)}", tuple(odd))
     if elsewhere:
-        return _outside(elsewhere)
+        return _outside(elsewhere, here, world_size)
     return _among(waiting, here, world_size)
 
 
-def _outside(elsewhere: list[tuple[Wait, list[int]]]) -> Verdict:
+def _outside(elsewhere: list[tuple[Wait, list[int]]], here: int, world_size: int | None) -> Verdict:
     """No rank waits in torch.distributed."""
+    if world_size is not None and here < world_size:
+        return Verdict(f"no rank of this node waits in torch.distributed: {_elsewhere_clause(elsewhere)} (the other "
+                       f"{world_size - here} ranks run on other nodes)", ())
     if len(elsewhere) == 1:
         return Verdict(f"all ranks are in {place(elsewhere[0][0])}, none in torch.distributed: not a hang between "
                        "ranks (a slow or stuck step of the script)", ())
     return Verdict(f"no rank waits in torch.distributed: {_elsewhere_clause(elsewhere)}", ())
+
+
+def _every(n: int) -> str:
+    return "the one rank" if n == 1 else f"all {n} ranks"
 
 
 def _among(waiting: list[tuple[Wait, list[int]]], here: int, world_size: int | None) -> Verdict:
@@ -149,7 +178,8 @@ def _among(waiting: list[tuple[Wait, list[int]]], here: int, world_size: int | N
     if len(waiting) == 1:
         w = waiting[0][0]
         if world_size is not None and here < world_size:
-            return Verdict(f"all {here} ranks of this node wait in {place(w)}, none elsewhere: the other "
+            return Verdict(f"{_every(here)} of this node {'waits' if here == 1 else 'wait'} in {place(w)}, none "
+                           f"elsewhere: the other "
                            f"{world_size - here} ranks run on other nodes: look there (ddpboot stacks on each)", ())
         if w.kind == "p2p":
             return Verdict(f"all {here} ranks wait in {place(w)}: every rank waits for a peer to send or receive "

@@ -28,6 +28,7 @@ from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardia
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
+from ddpboot.launch.status import RunStatus
 from ddpboot.launch.stacks import dump as stack_dump
 from ddpboot.launch.stacks.collect import RankTarget
 from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
@@ -108,6 +109,7 @@ class Supervisor:
         self.procs: ProcessTable | None = None
         self.started_before = started_before
         self.own: set[int] = set()  # the launcher's children that are not the job's: guardian, fast start, agent
+        self.status = RunStatus(self.workdir, spec.run_id, plan.node_rank, plan.world_size, clock)  # `ddpboot top`
 
     # --- the job -----------------------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class Supervisor:
             return code
         finally:
             unpublish(record)
+            self.status.remove()
             if starter is not None:
                 starter.close()
             self._finish()
@@ -223,11 +226,12 @@ class Supervisor:
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,
                                      lambda i: exit_mark_time(workers[i]))
-        gpu_watch = GpuWatch(self.spec.gpu_watch, self.plan, self.setup.base_env, self.workdir, self.console.message,
-                             self.spec.gpu_watch_interval)
+        self.status.begin(attempt)
+        gpu_watch = GpuWatch(self.spec.gpu_watch, self.plan, self.setup.base_env, self.workdir,
+                             self.status.saying(self.console.message), self.spec.gpu_watch_interval)
         try:
             return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
-                               self._snapshot, gpu_watch).run(pipes)
+                               self._snapshot, gpu_watch, self.status).run(pipes)
         finally:
             gpu_watch.close()
 
@@ -244,6 +248,13 @@ class Supervisor:
         left = [stack_dump.left_at(w.slot.rank, w.code, now - w.ended) for w in workers
                 if w.status is not None and w.ended is not None]
         dump = stack_dump.take(self._targets(), reason, self.setup.base_env, left, self.plan.world_size)
+        if self.plan.nnodes > 1:  # the verdict covers the job: node 0 reads the other nodes' reports
+            attempt = workers[0].env.get("TORCHELASTIC_RESTART_COUNT", "0") if workers else "0"
+            dump, problem = stack_dump.shared(dump, self.plan.node_rank, self.plan.nnodes,
+                                              (self.spec.master_addr, self.setup.port),
+                                              f"{self.spec.run_id}/attempt{attempt}")
+            if problem:
+                self.console.message(f"ddpboot: {problem}")
         stack_dump.write(dump, self.workdir, self.console.message)
 
     def _snapshot(self) -> Hashable | None:

@@ -9,6 +9,7 @@ import pytest
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget
 from ddpboot.launch.stacks.dump import VERDICT_PREFIX, Dump, left_at
+from ddpboot.launch.stacks.gather import NodeReport, decode, encode, key
 from ddpboot.launch.stacks.summary import Wait, classify, parse
 from ddpboot.launch.stacks.verdict import Left, Seen, judge, place, ranks_text
 from tests.unit.launch.stacks.test_summary import (
@@ -183,3 +184,30 @@ def test_a_dump_ends_with_its_verdict_and_the_json_has_it() -> None:
     assert data["exited"] == [{"rank": 2, "code": 0, "at": dump.left[0].at}]
     assert [r["summary"] for r in data["ranks"]] == ["barrier, called from hang_job.py:23 in barrier",
                                                      "not in torch.distributed: sleep_elsewhere at hang_job.py:18"]
+
+
+def test_over_several_nodes_the_node_of_the_rank_to_look_at_is_named() -> None:
+    seen = [Seen(0, ALL_REDUCE, 0), Seen(1, ALL_REDUCE, 0), Seen(2, LOADING, 1), Seen(3, ALL_REDUCE, 1)]
+    v = judge(seen, world_size=4)
+    assert v.text == ("ranks 0, 1, 3 wait in all_reduce at train.py:88; rank 2 is in data.py:40 (in load), not in a "
+                      "collective: look at rank 2; rank 2 runs on node 1")
+    left = judge([Seen(0, DESTROY, 0)], [Left(1, 0, "12:00:00", 9.0, 1)], world_size=2)
+    assert left.text.endswith("look at rank 1, which left while its peers wait for it; rank 1 runs on node 1")
+    silent = judge([Seen(0, ALL_REDUCE, 0), Seen(1, ALL_REDUCE, 0)], world_size=4, silent=[1])
+    assert silent.text == ("all 2 ranks of this node wait in all_reduce at train.py:88, none elsewhere: the other 2 "
+                           "ranks run on other nodes: look there (ddpboot stacks on each); no answer from node 1 (run "
+                           "ddpboot stacks there)")
+
+
+def test_a_node_with_part_of_the_job_says_so() -> None:
+    assert judge([Seen(1, LOADING)], world_size=2).text == (
+        "no rank of this node waits in torch.distributed: rank 1 is in data.py:40 (in load) (the other 1 ranks run "
+        "on other nodes)")
+    assert judge([Seen(1, ALL_REDUCE)], world_size=2).text.startswith(
+        "the one rank of this node waits in all_reduce at train.py:88, none elsewhere")
+
+
+def test_a_nodes_report_travels_through_the_store_whole() -> None:
+    report = NodeReport(1, "node-b", (Seen(2, LOADING, 1), Seen(3, None, 1)), (Left(4, 1, "12:00:00", 3.5, 1),), 1e9)
+    assert decode(encode(report)) == report
+    assert key("job-7", 1) == "ddpboot/stacks/job-7/node1"
