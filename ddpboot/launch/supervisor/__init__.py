@@ -28,10 +28,10 @@ from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardia
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
-from ddpboot.launch.status import RunStatus
 from ddpboot.launch.stacks import dump as stack_dump
 from ddpboot.launch.stacks.collect import RankTarget
 from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
+from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
 from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable, RankStartError
 from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus

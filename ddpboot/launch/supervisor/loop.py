@@ -25,6 +25,7 @@ from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
+from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
@@ -175,7 +176,7 @@ class AttemptLoop:
                  decisions: AttemptDecisions, watch: Callable[[], str | None] | None,
                  dump: Callable[[str], None] | None = None,
                  snapshot: Callable[[], Hashable | None] | None = None,
-                 gpu_watch: GpuWatch | None = None) -> None:
+                 gpu_watch: GpuWatch | None = None, status: RunStatus | None = None) -> None:
         self.procs = procs
         self.sel = sel
         self.sigfd = sigfd
@@ -189,6 +190,7 @@ class AttemptLoop:
         self.output_bytes = 0  # everything the ranks wrote: progress, for --stall-timeout
         self.gpu_watch = gpu_watch if gpu_watch is not None and gpu_watch.active else None
         self.gpu_due = self.clock() + (gpu_watch.interval if gpu_watch is not None else 0.0)
+        self.status = status  # the run directory's status file, for `ddpboot top` (launch/status.py)
 
     @property
     def workers(self) -> list[Worker]:
@@ -211,6 +213,8 @@ class AttemptLoop:
         # Exits read while a rank was being started are waiting: no blocking.
         timeout = 0.0 if self.procs.starter.has_exits() else self.decisions.wait_time(self.clock(), silent)
         timeout = self.console.wait_time(timeout)  # a quiet progress bar's held-back state, due in a log
+        if self.status is not None:
+            timeout = self.status.wait_time(timeout)
         if self.gpu_watch is not None:
             due = max(self.gpu_due - self.clock(), 0.0)
             timeout = due if timeout is None else min(timeout, due)
@@ -240,6 +244,8 @@ class AttemptLoop:
             d.progress(self.clock(), {i: s[0] for i, s in samples.items()}, self.output_bytes,
                        any(s[1] for s in samples.values()))
         self.carry_out(d.tick(self.clock()))
+        if self.status is not None:
+            self.status.update(self.workers)
 
     def _watch_gpus(self) -> None:
         """One reading of --gpu-watch; `strict` ends the attempt when a rank uses a GPU that is not its own."""
@@ -302,6 +308,8 @@ class AttemptLoop:
                 return
             stream.feed(data)
             self.output_bytes += len(data)
+            if self.status is not None:
+                self.status.output(stream.rank)
             if not final and len(data) < CHUNK:
                 return
 

@@ -1,0 +1,156 @@
+"""The job's status for `ddpboot top`: a small JSON file in the run directory, rewritten while the job runs.
+
+What another process cannot read from /proc is published here: which pid is which rank, when each rank last wrote
+output, the last state of its progress bar, how it ended (the launcher reaps it), and the GPU watch's warnings. The
+attempt loop tells a RunStatus about output (`output`, one dict store) and asks it to `update` after each wake-up;
+the file is rewritten (write beside and rename: a reader finds it whole) only when something changed, and at most
+once per WRITE_INTERVAL seconds; a change held back makes the loop wake when it is due (`wait_time`), so the file
+is never more than an interval behind. Removed when the launcher ends, as its record (`launcher.json`) is.
+
+The file's fields, all of them read by `ddpboot top` (cli/top.py):
+
+    {"version": 1, "pid": launcher pid, "run_id": ..., "node_rank": N, "host": ..., "attempt": N,
+     "world_size": N, "updated": unix time of this write,
+     "ranks": [{"rank": global rank, "local_rank": N, "pid": N (0: not started yet),
+                "gpus": [{"label": "0", "uuid": "GPU-..."}], "started": unix time or null,
+                "code": exit code once reaped or null, "last_output": unix time or null,
+                "bar": the last progress-bar state or null}],
+     "warnings": [the GPU watch's messages, in order]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpboot.launch.stacks.find import write_whole
+
+if TYPE_CHECKING:
+    from ddpboot.launch.supervisor.workers import Worker
+
+STATUS = "status.json"
+VERSION = 1
+WRITE_INTERVAL = 1.0  # seconds between two writes at most
+MAX_WARNINGS = 50  # the file stays small whatever the watch says
+MAX_BAR = 200  # characters of a bar kept
+
+
+def _bar(w: Worker) -> str | None:
+    """The worker's progress bar being drawn now (stderr's first: tqdm's), as text."""
+    for stream in (w.err, w.out):
+        if stream.bar is not None:
+            return stream.bar.decode(errors="replace").strip()[:MAX_BAR]
+    return None
+
+
+class RunStatus:
+    """The status file of one launcher (one Supervisor: a job, or an elastic round). `clock` paces the writes
+    (the loop's monotonic clock); `wall` stamps what is published, as another process reads it."""
+
+    def __init__(self, run_dir: Path, run_id: str, node_rank: int, world_size: int,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.path = run_dir / STATUS
+        self.head: dict[str, Any] = {"version": VERSION, "pid": os.getpid(), "run_id": run_id,
+                                     "node_rank": node_rank, "host": socket.gethostname(), "attempt": 0,
+                                     "world_size": world_size}
+        self.clock = clock
+        self.wall = wall
+        self.last_output: dict[int, float] = {}  # rank → wall time
+        self.bars: dict[int, str] = {}  # rank → the last bar seen at a write
+        self.warnings: list[str] = []
+        self.changes = 0  # output and warnings since the start: part of what says "changed"
+        self.written: object = None  # the key of the last write
+        self.next_write = -float("inf")
+        self.pending = False
+        self.writes = 0
+        self.broken = False  # the run directory cannot be written: stop trying
+
+    def begin(self, attempt: int) -> None:
+        """A new attempt: its ranks start over."""
+        self.head["attempt"] = attempt
+        self.last_output.clear()
+        self.bars.clear()
+        self.changes += 1
+        self.pending = True  # the first write comes at the loop's first wake-up, whatever the ranks do
+
+    def output(self, rank: int) -> None:
+        """`rank` wrote something just now (called for every piece read from its pipes: keep it cheap)."""
+        self.last_output[rank] = self.wall()
+        self.changes += 1
+
+    def warn(self, text: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(text)
+            self.changes += 1
+
+    def saying(self, say: Callable[[str], None]) -> Callable[[str], None]:
+        """`say`, and the message kept as a warning (for the GPU watch, whose messages the console shows)."""
+        def both(text: str) -> None:
+            say(text)
+            self.warn(text)
+        return both
+
+    def update(self, workers: Sequence[Worker]) -> None:
+        """Write the file if something changed since the last write and the interval allows it; otherwise remember
+        that a write is pending (`wait_time`)."""
+        if self.broken:
+            return
+        key = (self.changes, tuple((w.pid, w.status) for w in workers))
+        if key == self.written:
+            self.pending = False
+            return
+        now = self.clock()
+        if now < self.next_write:
+            self.pending = True
+            return
+        self._write(workers)
+        self.written, self.next_write, self.pending = key, now + WRITE_INTERVAL, False
+
+    def wait_time(self, timeout: float | None) -> float | None:
+        """`timeout` (None: no limit), shortened to when a held-back write is due."""
+        if not self.pending:
+            return timeout
+        due = max(self.next_write - self.clock(), 0.0)
+        return due if timeout is None else min(timeout, due)
+
+    def snapshot(self, workers: Sequence[Worker]) -> dict[str, Any]:
+        ranks = []
+        for w in workers:
+            bar = _bar(w)
+            if bar is not None:
+                self.bars[w.slot.rank] = bar
+            ranks.append({
+                "rank": w.slot.rank, "local_rank": w.slot.local_rank, "pid": w.pid,
+                "gpus": [{"label": g.label, "uuid": g.uuid} for g in w.slot.gpus],
+                "started": self.wall() - (self.clock() - w.started) if w.pid else None,
+                "code": w.code if w.status is not None else None,
+                "last_output": self.last_output.get(w.slot.rank),
+                "bar": self.bars.get(w.slot.rank),
+            })
+        return {**self.head, "updated": self.wall(), "ranks": ranks, "warnings": list(self.warnings)}
+
+    def _write(self, workers: Sequence[Worker]) -> None:
+        try:
+            write_whole(self.path, json.dumps(self.snapshot(workers)) + "\n")
+            self.writes += 1
+        except OSError:
+            self.broken = True  # best effort, as the record: the job runs on without it
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The status file of the launcher of `run_dir` as published (None: none, or not this version's)."""
+    try:
+        data = json.loads((run_dir / STATUS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("version") == VERSION else None
