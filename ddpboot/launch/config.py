@@ -38,8 +38,6 @@ from pathlib import Path
 from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
-from ddpboot.launch.faststart import supports as fast_start_supports
-from ddpboot.launch.gpuwatch import parse_watch_mode
 from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
@@ -70,6 +68,7 @@ from ddpboot.launch.spec import (
     Target,
     WatchMode,
     parse_log_mode,
+    parse_watch_mode,
 )
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
@@ -282,6 +281,13 @@ def build_plan(
         return PlanConfig(env, nodes, address, request)
 
 
+def _fast_start_supports(target: Target) -> bool:
+    """Imported when asked: `ddpboot plan` and a run without --fast-start need none of fast start's modules."""
+    from ddpboot.launch.faststart import supports
+
+    return supports(target)
+
+
 def _isolation(text: str) -> Isolation | None:
     """The mode asked for, or None when the text is no mode (parse_selection says so, at step 6)."""
     try:
@@ -329,7 +335,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             script_dir = str((cwd / o.script).parent) if kind == "script" else str(cwd)
             check_preloads(preloads, [script_dir, str(cwd), *sys.path])
         notes: list[str] = []
-        fast = o.fast_start and fast_start_supports(target)
+        fast = o.fast_start and _fast_start_supports(target)
         if o.fast_start and not fast:
             notes.append(f"--fast-start forks Python ranks; {o.script} is a program (--no-python), so every rank "
                          "starts with exec as usual")

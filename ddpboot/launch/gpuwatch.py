@@ -27,26 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpboot.contract import FAKE_GPUS_VAR
-from ddpboot.errors import UsageError
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
-from ddpboot.launch.spec import WatchMode
+from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
 from ddpboot.selection.inventory import GpuHealth, GpuProcess, NvmlProcesses, fake_gpu_health, fake_gpu_processes
 from ddpboot.selection.planner import Plan
 
 WATCH_INTERVAL = 5.0  # seconds between two readings
-GPU_WATCH_EXIT = 125  # the job's exit code when `--gpu-watch strict` ended it
 MIB = 1024 * 1024
 CAUSES = ("a barrier() or init_process_group() without device_id, torch.load() without map_location, .cuda() or a "
           "CUDA call before torch.cuda.set_device(), or cuda:N with N other than 0 under rank isolation")
-
-
-def parse_watch_mode(text: str) -> WatchMode:
-    for mode in WatchMode:
-        if text.strip().lower() == mode.value:
-            return mode
-    raise UsageError(f"--gpu-watch {text!r}: choose warn (the default: say what is wrong), strict (end the job "
-                     f"with exit code {GPU_WATCH_EXIT} when a rank uses a GPU that is not its own) or off.")
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,17 @@ class WatchMode(str, Enum):
     STRICT = "strict"
 
 
+GPU_WATCH_EXIT = 125  # the job's exit code when `--gpu-watch strict` ended it
+
+
+def parse_watch_mode(text: str) -> WatchMode:
+    for mode in WatchMode:
+        if text.strip().lower() == mode.value:
+            return mode
+    raise UsageError(f"--gpu-watch {text!r}: choose warn (the default: say what is wrong), strict (end the job "
+                     f"with exit code {GPU_WATCH_EXIT} when a rank uses a GPU that is not its own) or off.")
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What the supervisor runs, the same for every attempt (and every elastic round but for the store's address):

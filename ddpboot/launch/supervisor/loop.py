@@ -19,12 +19,13 @@ import signal
 from collections.abc import Callable, Hashable, Sequence
 
 from ddpboot.errors import DdpbootError
-from ddpboot.launch.gpuwatch import GPU_WATCH_EXIT, GpuWatch
+from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
+from ddpboot.launch.spec import GPU_WATCH_EXIT
 from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable

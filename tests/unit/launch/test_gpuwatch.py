@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.gpuwatch import RankGpus, WatchMode, findings, health_findings, owners, parse_watch_mode
+from ddpboot.launch.gpuwatch import RankGpus, findings, health_findings, owners
 from ddpboot.launch.procs.leftovers import Proc
+from ddpboot.launch.spec import WatchMode, parse_watch_mode
 from ddpboot.selection.inventory import GpuHealth, GpuProcess
 
 MIB = 1 << 20

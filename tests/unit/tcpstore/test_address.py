@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.tcpstore.address import ListenerGroup, listeners_on, bind_store_socket, listening_sockets
+from ddpboot.tcpstore.address import ListenerGroup, bind_store_socket, listeners_on, listening_sockets
 
 
 def test_one_listener_is_a_plain_socket() -> None:
