@@ -1,6 +1,6 @@
 """The tools: `ddpboot plan` (which GPU each rank would get), `ddpboot gpus` (the machine's GPUs), `ddpboot smoke`
-(a multi-GPU self-test), `ddpboot stacks` (where every rank of a running job is). Planning reads NVML only: nothing
-here imports torch.
+(a multi-GPU self-test), `ddpboot stacks` (where every rank of a running job is), `ddpboot top` (a running job's
+ranks, live). Planning reads NVML only: nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ddpboot.units import parse_size
 # Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
 COMMANDS = (
     "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
-    "`ddpboot smoke` runs a multi-GPU self-test, `ddpboot stacks` shows where every rank of a running job is; "
-    "each takes -h.\n\n"
+    "`ddpboot smoke` runs a multi-GPU self-test, `ddpboot stacks` shows where every rank of a running job is, "
+    "`ddpboot top` shows its ranks live; each takes -h.\n\n"
 )
 INDEX_RULES = (
     "GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and "
@@ -217,3 +217,43 @@ def stacks_cmd(
         print(path.read_text(encoding="utf-8"), end="")
     else:
         print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="")
+
+
+@tools.command("top")
+@handle_errors
+def top_cmd(
+    run: Annotated[
+        str | None,
+        typer.Argument(help="The job: its launcher's pid, its run directory (--log-dir's run folder) or its run id. "
+                       "Default: the one job of yours that runs."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one snapshot as a JSON object and exit.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between two refreshes (with --json: the time CPU % is "
+                            "measured over).")
+    ] = 1.0,
+) -> None:
+    """Show a running job's ranks, one line each, refreshed in place: pid, state, CPU %, memory, GPU memory and
+    utilisation, seconds since the rank's last output, its progress bar, and the GPU watch's warnings. `q` or
+    Ctrl-C leaves. GPUs are read as `ddpboot gpus` reads them (NVML, or DDPBOOT_FAKE_GPUS)."""
+    import time
+
+    from ddpboot.cli import top
+    from ddpboot.launch.stacks.find import find
+
+    if not 0 < interval <= 3600:
+        raise UsageError(f"--interval {interval:g}: give the seconds between two refreshes, above 0 (e.g. 1 or 0.5).")
+    record = find(run)
+    status = top.await_status(record.run_dir, record.pid, 5.0)
+    if status is None:
+        raise UsageError(f"the launcher (pid {record.pid}) publishes no status in {record.run_dir}: it has ended, "
+                         "or it is a ddpboot without `ddpboot top`.")
+    if as_json:
+        sampler = top.Sampler(os.environ)
+        sampler.look(status)
+        time.sleep(interval)  # the CPU % is measured over this time
+        rows = sampler.rows(status)
+        print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+        return
+    if top.watch(record.run_dir, record.pid, status, interval, os.environ) == "ended":
+        print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")
