@@ -389,3 +389,5 @@ def watch(run_dir: Path, pid: int, status: dict[str, Any], interval: float, env:
         return "q"
     finally:
         sampler.gpus.close()
+        if not con.is_terminal:  # rich ends the last frame's line on a terminal only
+            con.line()

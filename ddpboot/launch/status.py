@@ -114,7 +114,7 @@ class RunStatus:
 
     def wait_time(self, timeout: float | None) -> float | None:
         """`timeout` (None: no limit), shortened to when a held-back write is due."""
-        if not self.pending:
+        if not self.pending or self.broken:
             return timeout
         due = max(self.next_write - self.clock(), 0.0)
         return due if timeout is None else min(timeout, due)

@@ -124,7 +124,10 @@ def test_a_run_directory_that_cannot_be_written_stops_the_writes_not_the_job(tmp
     st.begin(0)
     st.update([worker(0, 10)])
     assert st.broken and st.writes == 0
+    st.begin(1)  # a restart: still nothing to wait for, the loop must not spin
+    assert st.wait_time(5.0) == 5.0
     st.update([worker(0, 10)])  # no second try
+    assert st.writes == 0 and st.wait_time(None) is None
 
 
 def test_a_write_costs_well_under_a_millisecond_per_rank(tmp_path: Path) -> None:
