@@ -161,12 +161,16 @@ def _verdict(waiting: list[tuple[Wait, list[int]]], elsewhere: list[tuple[Wait, 
 def _outside(elsewhere: list[tuple[Wait, list[int]]], here: int, world_size: int | None) -> Verdict:
     """No rank waits in torch.distributed."""
     if world_size is not None and here < world_size:
-        return Verdict(f"no rank of this node waits in torch.distributed: {_elsewhere_clause(elsewhere)} (the other "
-                       f"{world_size - here} ranks run on other nodes)", ())
+        return Verdict(f"no rank of this node waits in torch.distributed: {_elsewhere_clause(elsewhere)} "
+                       f"({_others(world_size - here)} on other nodes)", ())
     if len(elsewhere) == 1:
         return Verdict(f"all ranks are in {place(elsewhere[0][0])}, none in torch.distributed: not a hang between "
                        "ranks (a slow or stuck step of the script)", ())
     return Verdict(f"no rank waits in torch.distributed: {_elsewhere_clause(elsewhere)}", ())
+
+
+def _others(n: int) -> str:
+    return "the other rank runs" if n == 1 else f"the other {n} ranks run"
 
 
 def _every(n: int) -> str:
@@ -179,8 +183,8 @@ def _among(waiting: list[tuple[Wait, list[int]]], here: int, world_size: int | N
         w = waiting[0][0]
         if world_size is not None and here < world_size:
             return Verdict(f"{_every(here)} of this node {'waits' if here == 1 else 'wait'} in {place(w)}, none "
-                           f"elsewhere: the other "
-                           f"{world_size - here} ranks run on other nodes: look there (ddpboot stacks on each)", ())
+                           f"elsewhere: {_others(world_size - here)} on other nodes: look there (ddpboot stacks on "
+                           "each)", ())
         if w.kind == "p2p":
             return Verdict(f"all {here} ranks wait in {place(w)}: every rank waits for a peer to send or receive "
                            "(a point-to-point deadlock: check the order of sends and receives)", ())

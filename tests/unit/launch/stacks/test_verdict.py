@@ -201,7 +201,7 @@ def test_over_several_nodes_the_node_of_the_rank_to_look_at_is_named() -> None:
 
 def test_a_node_with_part_of_the_job_says_so() -> None:
     assert judge([Seen(1, LOADING)], world_size=2).text == (
-        "no rank of this node waits in torch.distributed: rank 1 is in data.py:40 (in load) (the other 1 ranks run "
+        "no rank of this node waits in torch.distributed: rank 1 is in data.py:40 (in load) (the other rank runs "
         "on other nodes)")
     assert judge([Seen(1, ALL_REDUCE)], world_size=2).text.startswith(
         "the one rank of this node waits in all_reduce at train.py:88, none elsewhere")
