@@ -257,7 +257,8 @@ class GpuReader:
     def read(self, status: Mapping[str, Any]) -> GpuReadings:
         from ddpboot.launch.gpuwatch import RankGpus, owners
         from ddpboot.launch.procs import leftovers
-        from ddpboot.selection.inventory import NvmlProcesses, fake_gpu_processes, load_inventory
+        from ddpboot.selection.activity import NvmlProcesses, fake_gpu_processes
+        from ddpboot.selection.inventory import load_inventory
 
         ranks = [RankGpus(int(e["rank"]), int(e["pid"]), frozenset(g["uuid"] for g in e.get("gpus", [])), "")
                  for e in status.get("ranks", []) if e.get("pid") and e.get("gpus")]

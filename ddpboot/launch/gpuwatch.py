@@ -30,7 +30,7 @@ from ddpboot.contract import FAKE_GPUS_VAR
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
-from ddpboot.selection.inventory import GpuHealth, GpuProcess, NvmlProcesses, fake_gpu_health, fake_gpu_processes
+from ddpboot.selection.activity import GpuHealth, GpuProcess, NvmlProcesses, fake_gpu_health, fake_gpu_processes
 from ddpboot.selection.planner import Plan
 
 WATCH_INTERVAL = 5.0  # seconds between two readings

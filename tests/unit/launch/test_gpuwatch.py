@@ -11,7 +11,7 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.gpuwatch import RankGpus, findings, health_findings, owners
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import WatchMode, parse_watch_mode
-from ddpboot.selection.inventory import GpuHealth, GpuProcess
+from ddpboot.selection.activity import GpuHealth, GpuProcess
 
 MIB = 1 << 20
 RUN = Path("/tmp/ddpboot-x")

@@ -12,7 +12,7 @@ from ddpboot.launch.stacks.dump import VERDICT_PREFIX, Dump, left_at
 from ddpboot.launch.stacks.gather import NodeReport, decode, encode, key
 from ddpboot.launch.stacks.summary import Wait, classify, parse
 from ddpboot.launch.stacks.verdict import Left, Seen, judge, place, ranks_text
-from tests.unit.launch.stacks.test_summary import (
+from tests.unit.launch.stacks.samples import (
     FAULTHANDLER_DESTROY,
     FAULTHANDLER_ITEM,
     FAULTHANDLER_RECV,
