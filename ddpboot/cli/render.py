@@ -283,6 +283,9 @@ def render_dry_run(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> None
         print(f"\nrank {slot.rank} (local rank {slot.local_rank}): {shlex.join(argv)}")
         if slot.cpus:
             print(f"  cpu affinity: {format_cpu_list(slot.cpus)}")
+        if slot.mem_nodes:
+            print(f"  memory: preferred from NUMA node{'s' if len(slot.mem_nodes) > 1 else ''} "
+                  f"{', '.join(map(str, slot.mem_nodes))}")
         for key, value in own.items():
             was = f"  (was {env[key]!r})" if key in env and env[key] != value else ""
             print(f"  {key}={shlex.quote(value)}{was}")

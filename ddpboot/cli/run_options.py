@@ -287,7 +287,8 @@ NumaBindingOption = Annotated[
     typer.Option("--numa-binding", "--numa_binding", rich_help_panel=_TORCHRUN, metavar="POLICY", show_default=False,
                  help="torchrun's node, socket, exclusive or core-complex, for each rank's own GPU: bind it to the "
                  "cores of its GPU's NUMA node, of its socket, an exclusive share of the node's physical cores, or "
-                 "one last-level cache of the node (docs/reference.md). Instead of --cpu-affinity; CPU binding only."),
+                 "one last-level cache of the node (docs/reference.md); memory is preferred from the same NUMA nodes. "
+                 "Instead of --cpu-affinity."),
 ]
 
 

@@ -194,6 +194,15 @@ def rank_cores(
     return cores, [max(1, sum(1 for c in cs if users[c] == 1)) for cs in cores]
 
 
+def memory_nodes(affinity: CpuAffinity, cores: Sequence[tuple[int, ...]],
+                 topo: Topology | None = None) -> list[tuple[int, ...]]:
+    """Each rank's NUMA nodes to prefer memory from: under a NUMA policy the nodes of its cores, else none."""
+    if not isinstance(affinity, NumaPolicy):
+        return [() for _ in cores]
+    topo = topo if topo is not None else Topology.read()
+    return [tuple(sorted({topo.node.get(c, 0) for c in cs})) for cs in cores]
+
+
 def _cpu_set(text: str) -> set[int]:
     """A sysfs CPU list (`0-3,8`, perhaps empty) as a set."""
     return set(parse_cpu_list(text.strip(), "sysfs")) if text.strip() else set()

@@ -13,7 +13,7 @@ from typing import Any
 
 from ddpboot.contract import Isolation
 from ddpboot.errors import PlanError, UsageError
-from ddpboot.selection.affinity import rank_cores
+from ddpboot.selection.affinity import memory_nodes, rank_cores
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.gpu_list import GpuList, resolve_list
 from ddpboot.selection.request import Request
@@ -37,6 +37,7 @@ class RankSlot:
     device: str  # what the worker should use: "cuda:0", "cuda:3" (node isolation) or "cpu"
     cpus: tuple[int, ...] = ()  # the cores the worker is bound to; empty: not bound
     omp_threads: int = 1  # OMP_NUM_THREADS when the user has not set it: the rank's share of the cores
+    mem_nodes: tuple[int, ...] = ()  # NUMA nodes its memory is preferred from (--numa-binding); empty: the default
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +47,7 @@ class RankSlot:
             "device": self.device,
             "cpus": list(self.cpus),
             "omp_threads": self.omp_threads,
+            "mem_nodes": list(self.mem_nodes),
             "gpus": [g.to_json() for g in self.gpus],
         }
 
@@ -341,6 +343,7 @@ def _layout(
     everything = [u.uuid for g in groups for u in g]
     near = [tuple(c for u in g for c in u.cpu_affinity) for g in groups]
     cores, threads = rank_cores(req.cpu_affinity, near, allowed)
+    mems = memory_nodes(req.cpu_affinity, cores)
     slots = []
     for local, group in enumerate(groups):
         if not group:
@@ -348,7 +351,8 @@ def _layout(
         else:
             cvd = req.isolation.visible_devices([u.uuid for u in group], everything)
             device = f"cuda:{req.isolation.first_device(local, len(group))}"
-        slots.append(RankSlot(req.node_rank * nlocal + local, local, group, cvd, device, cores[local], threads[local]))
+        slots.append(RankSlot(req.node_rank * nlocal + local, local, group, cvd, device, cores[local], threads[local],
+                              mems[local]))
     return Plan(
         ranks=tuple(slots),
         world_size=nlocal * req.nnodes,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpboot.selection.affinity import format_cpu_list
 from tests.support import clean_env, ddpboot_exe
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -171,15 +172,19 @@ def test_print_completion_refuses_an_unknown_shell(tmp_path: Path) -> None:
 
 AFFINITY = """\
 import os
+policy = open("/proc/self/numa_maps").readline().split(" ", 1)[1].split(" file=")[0]
 print(f"cpus {os.environ['RANK']} {sorted(os.sched_getaffinity(0))}", flush=True)
+print(f"mempolicy {os.environ['RANK']} {policy}", flush=True)
 """
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two cores to share are needed")
-@pytest.mark.parametrize("policy", ["node", "exclusive"])
-def test_numa_binding_binds_each_rank_as_the_plan_shows(policy: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("policy", "fast"), [("node", False), ("exclusive", False), ("node", True)])
+def test_numa_binding_binds_each_rank_as_the_plan_shows(policy: str, fast: bool, tmp_path: Path) -> None:
     """torchrun's --numa-binding needs CUDA devices (it asks torch for each GPU's PCI address); here, two simulated
-    GPUs near the launcher's cores: the cores each rank runs on are those `ddpboot plan` shows for the policy."""
+    GPUs near the launcher's cores: the cores each rank runs on are those `ddpboot plan` shows for the policy, and its
+    memory is preferred from their NUMA nodes (the kernel's own account: /proc/self/numa_maps), exec'd or forked by
+    the fast-start process."""
     cores = sorted(os.sched_getaffinity(0))
     gpus = tmp_path / "gpus.json"
     gpus.write_text(json.dumps([{"name": "Simulated", "memory_total": 2**34, "cpu_affinity": cores}] * 2))
@@ -187,10 +192,15 @@ def test_numa_binding_binds_each_rank_as_the_plan_shows(policy: str, tmp_path: P
     env = {"DDPBOOT_FAKE_GPUS": str(gpus)}
     plan = run(ddpboot_exe(), ["plan", "--nproc", "2", "--cpu-affinity", policy, "--json"], tmp_path / "p", **env)
     shown = [r["cpus"] for r in json.loads(plan.stdout)["ranks"]]
-    done = run(ddpboot_exe(), ["--nproc", "2", "--numa-binding", policy, "affinity.py"], tmp_path / "d", **env)
+    nodes = [r["mem_nodes"] for r in json.loads(plan.stdout)["ranks"]]
+    flags = ["--fast-start"] if fast else []
+    done = run(ddpboot_exe(), [*flags, "--nproc", "2", "--numa-binding", policy, "affinity.py"], tmp_path / "d", **env)
     assert done.returncode == 0, done.stderr
     ran = dict(re.findall(r"^\[rank(\d)\]: cpus \d (.*)$", done.stdout, re.M))
     assert [json.loads(ran[r]) for r in ("0", "1")] == shown
+    memory = dict(re.findall(r"^\[rank(\d)\]: mempolicy \d (.*)$", done.stdout, re.M))
+    assert all(nodes), nodes
+    assert [memory[r] for r in ("0", "1")] == [f"prefer (many):{format_cpu_list(n)}" for n in nodes], memory
     if policy == "exclusive":
         assert shown[0] and shown[1] and not set(shown[0]) & set(shown[1])
     else:

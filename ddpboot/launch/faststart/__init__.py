@@ -108,13 +108,14 @@ class FastStartProcess:
         return self.info
 
     def fork_rank(self, target: Target, local_rank: int, env: Mapping[str, str], stdout: int, stderr: int,
-                  cpus: Sequence[int] = ()) -> int:
-        """A new rank process running `target` as __main__; returns its pid (its process group id too)."""
+                  cpus: Sequence[int] = (), mem_nodes: Sequence[int] = ()) -> int:
+        """A new rank process running `target` as __main__; returns its pid (its process group id too). `cpus` and
+        `mem_nodes` bind it as spawn() binds an exec'd rank."""
         self.wait_ready()
         self._next += 1
         req = {"op": "spawn", "id": self._next, "kind": target.kind, "name": target.name,
                "args": substitute_local_rank(target.args, local_rank), "env": dict(env), "cpus": list(cpus),
-               "path0": self.path0}
+               "mems": list(mem_nodes), "path0": self.path0}
         try:
             socket.send_fds(self.sock, [json.dumps(req).encode()], [stdout, stderr])
         except OSError as exc:

@@ -11,8 +11,8 @@ launcher (PR_SET_PDEATHSIG=SIGKILL, set by the launcher's spawn).
 
 Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
   zygote → launcher  {"op": "ready", "pid", "import_s", "threads", "modules", "torch"} or {"op": "error", "error"}
-  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "path0"} with the rank's stdout and
-                     stderr pipe ends as SCM_RIGHTS
+  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "mems", "path0"} with the rank's
+                     stdout and stderr pipe ends as SCM_RIGHTS
   zygote → launcher  {"op": "started", "id", "pid"}, later {"op": "exit", "pid", "status"} (the raw wait status)
 
 In each child, before the script: a new session, PR_SET_PDEATHSIG (SIGKILL when the zygote dies), the dispositions
@@ -100,6 +100,22 @@ def _register_stacks(value: str) -> None:
             f = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes to it until the rank ends
             faulthandler.register(int(signo), file=f, all_threads=True, chain=False)
             _stacks_files.append(f)
+
+
+def _prefer_nodes(nodes: list[int]) -> None:
+    """The rank's memory preferred from `nodes` (launch/procs/mempolicy.py says why; this process imports nothing of
+    ddpboot): MPOL_PREFERRED_MANY, or MPOL_PREFERRED on the first node on a kernel without it."""
+    number = {"x86_64": 238, "aarch64": 237, "ppc64le": 260}.get(os.uname().machine)
+    if number is None:
+        return
+    for mode, chosen in ((5, nodes), (1, [min(nodes)])):
+        words = max(chosen) // 64 + 1
+        mask = (ctypes.c_ulong * words)()
+        for n in chosen:
+            mask[n // 64] |= 1 << (n % 64)
+        if _libc.syscall(number, mode, mask, ctypes.c_ulong(words * 64 + 1)) == 0:
+            return
+    raise OSError(ctypes.get_errno(), "set_mempolicy failed")
 
 
 def _max_fd() -> int:
@@ -215,6 +231,8 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, keep_clos
         os.closerange(3, _max_fd())
         if req["cpus"]:
             os.sched_setaffinity(0, req["cpus"])
+        if req.get("mems"):
+            _prefer_nodes(req["mems"])
         os.environ.clear()
         os.environ.update(req["env"])
         _register_stacks(req["env"].get(STACKS_VAR, ""))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ddpboot.errors import DdpbootError
+from ddpboot.launch.procs.mempolicy import prefer_nodes
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -101,15 +102,17 @@ def spawn(
     cpus: Sequence[int] = (),
     death_signal: int = signal.SIGKILL,
     pass_fd: int | None = None,
+    mem_nodes: Sequence[int] = (),
 ) -> int:
     """Start `argv` (argv[0] must be a path) and return its pid, which is also its process group id. `pass_fd`, if
-    given, is the one descriptor besides 0-2 that the program inherits, as its fd 3."""
+    given, is the one descriptor besides 0-2 that the program inherits, as its fd 3. `mem_nodes`: the NUMA nodes
+    its memory is preferred from (procs/mempolicy.py)."""
     parent = os.getpid()
     err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
     env_b = {k.encode(): v.encode() for k, v in env.items()}
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, observed through the worker's behaviour
-        _child(_ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent), err_r, err_w)
+        _child(_ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent, mem_nodes), err_r, err_w)
     os.close(err_w)
     failure = _read_all(err_r)
     if failure:
@@ -140,6 +143,7 @@ class _ChildSetup:
     death_signal: int
     pass_fd: int | None
     parent: int  # the launcher's pid
+    mem_nodes: Sequence[int] = ()
 
 
 def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: no cover - runs in the child
@@ -158,6 +162,8 @@ def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: n
         os.dup2(setup.stderr, 2)
         if setup.cpus:
             os.sched_setaffinity(0, setup.cpus)
+        if setup.mem_nodes:
+            prefer_nodes(setup.mem_nodes)
         err_w = _close_inherited(setup.pass_fd, err_w)
         os.execve(setup.argv[0], list(setup.argv), setup.env)
     except OSError as exc:

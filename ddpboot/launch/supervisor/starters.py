@@ -52,7 +52,8 @@ class ExecStarter:
         self.kind = kind  # the target's kind (launch/spec.py Target)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus)
+        return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus,
+                     mem_nodes=worker.slot.mem_nodes)
 
     def exits(self) -> list[tuple[int, int]]:
         return []
@@ -81,7 +82,7 @@ class FastStartStarter:
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
         return self.process.fork_rank(self.target, worker.slot.local_rank, worker.env, stdout, stderr,
-                                     cpus=worker.slot.cpus)
+                                     cpus=worker.slot.cpus, mem_nodes=worker.slot.mem_nodes)
 
     def exits(self) -> list[tuple[int, int]]:
         exits = self.process.poll()

@@ -17,6 +17,7 @@ from ddpboot.selection.affinity import (
     assign_cores,
     explicit_cores,
     format_cpu_list,
+    memory_nodes,
     numa_cores,
     parse_cpu_affinity,
     parse_cpu_list,
@@ -234,6 +235,17 @@ def test_the_policy_follows_the_ranks_physical_gpu(monkeypatch: pytest.MonkeyPat
     assert [r.cpus for r in p.ranks] == [(24, 25, 26, 27, 56, 57, 58, 59), (28, 29, 30, 31, 60, 61, 62, 63)]
     assert [r.omp_threads for r in p.ranks] == [8, 8]
     assert parse_cpu_affinity(" Core-Complex ") == NumaPolicy("core-complex")
+
+
+def test_a_numa_policy_prefers_each_ranks_memory_from_its_cores_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Topology, "read", classmethod(lambda cls, root=None: simulated_topology()))
+    for policy, want in (("node", [(3,), (0,)]), ("socket", [(2, 3), (0, 1)])):
+        p = make_plan(parse_request(gpus="6,0", cpu_affinity=policy), numa_machine(), {}, allowed_cpus=range(64))
+        assert [r.mem_nodes for r in p.ranks] == want
+        assert p.ranks[0].to_json()["mem_nodes"] == list(want[0])
+    auto = make_plan(parse_request(gpus="6,0"), numa_machine(), {}, allowed_cpus=range(64))
+    assert [r.mem_nodes for r in auto.ranks] == [(), ()]  # only the NUMA policies set a memory policy
+    assert memory_nodes("none", [(1, 2)]) == [()]
 
 
 def test_the_topology_is_read_from_sysfs(tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ class FakeZygote(FastStartProcess):
         return {"pid": self.pid, "torch": None, "import_s": 0.0, "modules": 1, "threads": 1}
 
     def fork_rank(self, target: Target, local_rank: int, env: Any, stdout: int, stderr: int,
-                  cpus: Any = ()) -> int:
-        self.forked.append((target, local_rank, dict(env), stdout, stderr, tuple(cpus)))
+                  cpus: Any = (), mem_nodes: Any = ()) -> int:
+        self.forked.append((target, local_rank, dict(env), stdout, stderr, tuple(cpus), tuple(mem_nodes)))
         return 4321
 
     def poll(self) -> list[tuple[int, int]]:
@@ -106,7 +106,7 @@ def test_the_zygote_forks_the_rank_with_its_environment_and_cores(sock: socket.s
     assert isinstance(starter, FastStartStarter)
     assert sel.get_key(sock).data == "zygote"  # the loop wakes on its reports
     assert starter.start(worker(), 11, 12) == 4321
-    assert zygote.forked == [(TARGET, 1, {"RANK": "5"}, 11, 12, (2, 3))]
+    assert zygote.forked == [(TARGET, 1, {"RANK": "5"}, 11, 12, (2, 3), ())]
 
 
 def test_the_zygotes_reports_are_the_ranks_exits(sock: socket.socket, said: Said) -> None:
