@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddpboot.launch.logs import Console, RankStream
@@ -21,6 +22,7 @@ from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.planner import RankSlot
 from ddpboot.tcpstore.server import StoreServer
+from tests.support import wait_for
 
 # --- the store ---------------------------------------------------------------------------------------
 
@@ -237,6 +239,8 @@ def test_processes_that_outlive_sigkill_are_named(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands in for a stuck rank's group
     err_r, err_w = os.pipe()
     try:
+        # on a loaded machine it may not have reached its sleep yet (state running)
+        wait_for(lambda: psutil.Process(sleeper.pid).status() == psutil.STATUS_SLEEPING, 30, "sleep to sleep")
         console = Console(err_w, err_w)
         slot = RankSlot(rank=3, local_rank=0, gpus=(), cuda_visible_devices="", device="cpu")
         stream = RankStream(3, Std.OUT, None, None)
