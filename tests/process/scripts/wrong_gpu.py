@@ -10,11 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from ddpboot.selection.inventory import fake_uuid
+
 path = Path(os.environ["DDPBOOT_FAKE_GPUS"])
 mine = set(os.environ["DDPBOOT_GPU_UUIDS"].split(","))
 gpus = json.loads(path.read_text())
 for gpu in gpus:
-    if gpu["uuid"] in mine:
+    if gpu.get("uuid", fake_uuid(gpu["index"])) in mine:
         gpu["processes"] = [{"pid": int(sys.argv[1]), "used_memory": 300 << 20}]
     else:
         gpu["processes"] = [{"pid": os.getpid(), "used_memory": 500 << 20}]
