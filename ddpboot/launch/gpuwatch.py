@@ -47,6 +47,7 @@ class RankGpus:
     pid: int
     uuids: frozenset[str]
     labels: str
+    mig_parents: frozenset[str] = frozenset()  # NVML indices of the GPUs whose MIG instances the rank has
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def findings(
     for gp in procs:
         if gp.pid in owner:
             r = ranks[owner[gp.pid]]
-            if gp.uuid not in r.uuids and gp.used != 0:
+            # NVML lists a MIG instance's processes under its physical GPU: one of the rank's own parents is no finding
+            if gp.uuid not in r.uuids and gp.label not in r.mig_parents and gp.used != 0:
                 out.append(Finding(("wrong", r.rank, gp.uuid), (
                     f"ddpboot: gpu watch: rank {r.rank} ({_who(gp.pid, r, table)}) holds {_mib(gp.used)} on GPU "
                     f"{gp.label}, which is not its GPU (rank {r.rank} runs on {r.labels}). Likely causes: {CAUSES}"
@@ -181,7 +183,8 @@ def rank_gpus(plan: Plan, pids: Mapping[int, int]) -> list[RankGpus]:
         pid = pids.get(slot.rank, 0)
         if pid and slot.gpus:
             labels = "GPU " + ", ".join(g.label for g in slot.gpus)
-            out.append(RankGpus(slot.rank, pid, frozenset(g.uuid for g in slot.gpus), labels))
+            parents = frozenset(str(g.index) for g in slot.gpus if g.mig_index is not None)
+            out.append(RankGpus(slot.rank, pid, frozenset(g.uuid for g in slot.gpus), labels, parents))
     return out
 
 

@@ -256,6 +256,7 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         plan = _with_nodes(plan, nodes)
         for note in nodes.notes:
             say(f"note: {note}")
+        _say_if_memory_unbound(plan)
         counted = isolation_note(plan, config.target, config.cwd)
         if counted:
             say(f"note: {counted}")
@@ -282,6 +283,19 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
         return Supervisor(spec, plan, listener, env, where, fast_start=fast_start,
                           before_start=_node_check(config, plan)).run()
+
+
+def _say_if_memory_unbound(plan: Plan) -> None:
+    """--numa-binding's memory half is a preference the kernel may refuse (procs/mempolicy.py): said once."""
+    nodes = sorted({n for slot in plan.ranks for n in slot.mem_nodes})
+    if not nodes:
+        return
+    from ddpboot.launch.procs.mempolicy import refused
+
+    why = refused(nodes)
+    if why is not None:
+        say(f"note: the ranks are bound to their CPUs but their memory is not preferred from their NUMA nodes: "
+            f"the kernel refuses it ({why}; in a container, CAP_SYS_NICE lets it)")
 
 
 def _run_dir(config: LaunchConfig, spec: LaunchSpec, stack: contextlib.ExitStack) -> RunDir:

@@ -232,7 +232,8 @@ def _child(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, keep_clos
         if req["cpus"]:
             os.sched_setaffinity(0, req["cpus"])
         if req.get("mems"):
-            _prefer_nodes(req["mems"])
+            with contextlib.suppress(OSError):  # a preference: the launcher said once if the kernel refuses it
+                _prefer_nodes(req["mems"])
         os.environ.clear()
         os.environ.update(req["env"])
         _register_stacks(req["env"].get(STACKS_VAR, ""))

@@ -129,7 +129,10 @@ def _descendants(table: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
 
 
 def marked(table: Mapping[int, Proc], run_dir: Path, uid: int) -> set[int]:
-    """The processes of `uid` whose TORCHELASTIC_ERROR_FILE lies in `run_dir`: the job's, wherever they are."""
+    """The processes of `uid` whose TORCHELASTIC_ERROR_FILE lies in `run_dir` (absolute: a relative path could be
+    another job's, started in another directory): the job's, wherever they are."""
+    if not run_dir.is_absolute():
+        return set()
     prefix = str(run_dir).rstrip("/") + "/"
     return {p.pid for p in table.values()
             if p.uid == uid and p.error_file is not None and p.error_file.startswith(prefix)}
@@ -177,16 +180,25 @@ def describe(found: list[Proc], killed: Iterable[int] = ()) -> str:
 
 
 def _open(p: Proc, proc: Path) -> int | None:
-    """A pidfd for the process the snapshot saw (None when it is gone, or its pid now names another process)."""
+    """A pidfd for the process the snapshot saw (None when it is gone, or its pid now names another process);
+    -1 where this kernel gives no pidfds (before Linux 5.3, or a seccomp filter): then plain pids are used."""
     try:
         fd = os.pidfd_open(p.pid)
-    except OSError:
+    except ProcessLookupError:
         return None
-    now = read_proc(p.pid, proc)
-    if now is None or now.start != p.start:
-        os.close(fd)
+    except OSError:
+        fd = -1
+    if not _same(p, proc):
+        if fd >= 0:
+            os.close(fd)
         return None
     return fd
+
+
+def _same(p: Proc, proc: Path) -> bool:
+    """Whether p's pid still names the process the snapshot saw (its start time), alive."""
+    now = read_proc(p.pid, proc)
+    return now is not None and now.start == p.start and not now.zombie
 
 
 def _reap(pid: int) -> None:
@@ -194,22 +206,45 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)  # ours when it was reparented to us; a zombie otherwise stays readable
 
 
-def _wait(fds: dict[int, int], deadline: float) -> None:
-    """Until every process of `fds` (pid: pidfd) exited, or the deadline; those exited are removed."""
-    while fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        ready, _, _ = select.select(list(fds.values()), [], [], left)
-        for pid in [pid for pid, fd in fds.items() if fd in ready]:
+def _send(pid: int, fd: int, signo: int, p: Proc, proc: Path) -> bool:
+    """Signal the process (through its pidfd, else by pid after checking it is still the one seen); whether sent."""
+    try:
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, signo)
+        elif _same(p, proc):
+            os.kill(pid, signo)
+        else:
+            return False
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait(handles: dict[int, tuple[int, Proc]], deadline: float, proc: Path) -> None:
+    """Until every process of `handles` (pid: (pidfd or -1, the process seen)) exited, or the deadline; those
+    exited are removed (and reaped when they are ours)."""
+    while handles:
+        for pid in [pid for pid, (fd, p) in handles.items() if fd < 0 and not _same(p, proc)]:
             _reap(pid)
-            os.close(fds.pop(pid))
+            del handles[pid]
+        left = deadline - time.monotonic()
+        if not handles or left <= 0:
+            return
+        fds = {fd: pid for pid, (fd, _) in handles.items() if fd >= 0}
+        plain = len(fds) < len(handles)
+        ready, _, _ = select.select(list(fds), [], [], min(left, 0.05) if plain else left)
+        for fd in ready:
+            pid = fds[fd]
+            _reap(pid)
+            os.close(fd)
+            del handles[pid]
 
 
-def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.SIGTERM) -> list[int]:
-    """Send `first` to each process, SIGKILL to those still running after `grace` seconds; the pids that needed
-    SIGKILL. The launcher's own children among them are reaped."""
-    fds: dict[int, int] = {}
+def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.SIGTERM) -> tuple[list[int], list[int]]:
+    """Send `first` to each process, SIGKILL to those still running after `grace` seconds; (the pids signalled,
+    those that needed SIGKILL). The launcher's own children among them are reaped."""
+    handles: dict[int, tuple[int, Proc]] = {}
+    signalled = []
     for p in found:
         if p.zombie:
             _reap(p.pid)
@@ -217,19 +252,19 @@ def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.
         fd = _open(p, proc)
         if fd is None:
             continue
-        try:
-            signal.pidfd_send_signal(fd, first)
-        except ProcessLookupError:
-            os.close(fd)
+        if not _send(p.pid, fd, first, p, proc):
+            if fd >= 0:
+                os.close(fd)
             _reap(p.pid)
             continue
-        fds[p.pid] = fd
-    _wait(fds, time.monotonic() + grace)
-    hard = sorted(fds)
-    for fd in fds.values():
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-    _wait(fds, time.monotonic() + 5.0)
-    for fd in fds.values():
-        os.close(fd)
-    return hard if first != signal.SIGKILL else []
+        signalled.append(p.pid)
+        handles[p.pid] = (fd, p)
+    _wait(handles, time.monotonic() + grace, proc)
+    hard = sorted(handles)
+    for pid, (fd, p) in handles.items():
+        _send(pid, fd, signal.SIGKILL, p, proc)
+    _wait(handles, time.monotonic() + 5.0, proc)
+    for fd, _ in handles.values():
+        if fd >= 0:
+            os.close(fd)
+    return signalled, (hard if first != signal.SIGKILL else [])

@@ -3,8 +3,10 @@
 set_mempolicy(2) with MPOL_PREFERRED_MANY (Linux 5.15+; MPOL_PREFERRED on the first node before that), called in
 the forked child just before exec: the policy is kept across exec and inherited by the rank's threads and
 children. Preferred, not bound: when those nodes are full the kernel takes pages elsewhere rather than OOM-kill
-the rank. (The fast-start process does the same for the ranks it forks, in its own copy of these lines: it
-imports nothing of ddpboot.)
+the rank. It is a preference, so a kernel that refuses the call (EPERM in a container whose seccomp profile wants
+CAP_SYS_NICE, ENOSYS without NUMA support) starts the rank anyway: `refused` finds that out once, in the launcher,
+so that the launcher can say so. (The fast-start process does the same for the ranks it forks, in its own copy of
+these lines: it imports nothing of ddpboot.)
 """
 
 from __future__ import annotations
@@ -37,3 +39,22 @@ def prefer_nodes(nodes: Sequence[int]) -> None:
         if err != errno.EINVAL:  # EINVAL: a kernel without MPOL_PREFERRED_MANY; the single node comes next
             raise OSError(err, os.strerror(err))
     raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+
+def refused(nodes: Sequence[int]) -> str | None:
+    """Why this kernel will not set such a policy (None: it will). Tried in a thread of its own, since a memory
+    policy belongs to the thread that sets it: the launcher's own stays as it was."""
+    import threading
+
+    why: list[str] = []
+
+    def attempt() -> None:
+        try:
+            prefer_nodes(nodes)
+        except OSError as exc:
+            why.append(f"set_mempolicy: {exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})")
+
+    t = threading.Thread(target=attempt, name="ddpboot-mempolicy-probe")
+    t.start()
+    t.join()
+    return why[0] if why else None

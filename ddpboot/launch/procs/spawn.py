@@ -15,6 +15,7 @@ and every other inherited descriptor closed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -163,7 +164,8 @@ def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: n
         if setup.cpus:
             os.sched_setaffinity(0, setup.cpus)
         if setup.mem_nodes:
-            prefer_nodes(setup.mem_nodes)
+            with contextlib.suppress(OSError):  # a preference: the launcher said once if the kernel refuses it
+                prefer_nodes(setup.mem_nodes)
         err_w = _close_inherited(setup.pass_fd, err_w)
         os.execve(setup.argv[0], list(setup.argv), setup.env)
     except OSError as exc:

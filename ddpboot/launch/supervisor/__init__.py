@@ -88,7 +88,9 @@ class Supervisor:
         self.spec = spec
         self.plan = plan
         self.listener = listener
-        self.workdir = run_dir.path
+        # Absolute: the ranks' TORCHELASTIC_ERROR_FILE (and so the job's mark, procs/leftovers.py) must name this
+        # job's directory, not `logs/RUN_ID` that another job started elsewhere with the same --log-dir may share.
+        self.workdir = run_dir.path.absolute()
         self.temporary = run_dir.temporary
         self.console = console or Console()
         self.clock = clock
@@ -202,8 +204,9 @@ class Supervisor:
         workers = {w.pid for w in self.procs.workers} if self.procs is not None else set()
         found = leftovers.leftovers(leftovers.snapshot(), os.getpid(), self.own | workers, self.workdir, os.getuid())
         if found:
-            killed = leftovers.end(found, min(self.spec.shutdown_timeout, MAX_LEFTOVER_GRACE))
-            self.console.message(leftovers.describe(found, killed))
+            signalled, killed = leftovers.end(found, min(self.spec.shutdown_timeout, MAX_LEFTOVER_GRACE))
+            if signalled:  # the others ended by themselves meanwhile
+                self.console.message(leftovers.describe([p for p in found if p.pid in signalled], killed))
 
     def _finish(self) -> None:
         if self.procs is not None:

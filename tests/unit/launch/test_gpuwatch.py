@@ -90,3 +90,11 @@ def test_ecc_errors_from_before_the_job_or_unreported_are_no_finding() -> None:
     assert health_findings([health(ecc_uncorrected=4)], [R0], {"GPU-a": 4}) == []
     assert health_findings([health(ecc_uncorrected=None)], [R0], {"GPU-a": None}) == []
     assert health_findings([health(used=94)], [R0], {}) == []
+
+
+def test_a_mig_ranks_process_listed_under_its_physical_gpu_is_no_finding() -> None:
+    """NVML reports a MIG instance's processes under the GPU that holds it (as root); the rank has the MIG UUID."""
+    mig = RankGpus(0, 100, frozenset({"MIG-a1"}), "GPU 3:1", frozenset({"3"}))
+    procs = [GpuProcess("GPU-parent3", "3", 100, 512 * MIB), GpuProcess("GPU-other", "4", 101, 512 * MIB)]
+    found = findings(procs, [mig], TABLE, owners(TABLE, [mig], RUN), 50)
+    assert [f.key for f in found] == [("wrong", 0, "GPU-other")]  # GPU 4 is not its GPU; GPU 3 holds its instance

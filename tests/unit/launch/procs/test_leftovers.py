@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 
@@ -73,7 +75,7 @@ def test_snapshot_reads_a_real_process_its_mark_and_end_stops_it(tmp_path: Path)
         p = t[child.pid]
         assert p.ppid == os.getpid() and p.cmd.endswith("-c import time; time.sleep(60) tag")
         assert leftovers.rank_of(p) == 2 and child.pid in leftovers.children(os.getpid())
-        assert leftovers.end([p], grace=10.0) == []  # SIGTERM was enough
+        assert leftovers.end([p], grace=10.0) == ([child.pid], [])  # SIGTERM was enough
         assert leftovers.read_proc(child.pid) is None  # ended, and reaped (it is our child)
     finally:
         child.kill()
@@ -89,8 +91,29 @@ def test_end_uses_sigkill_after_the_grace_and_never_signals_a_reused_pid(tmp_pat
         p = leftovers.read_proc(child.pid)
         assert p is not None
         stale = Proc(p.pid, p.ppid, p.uid, p.start + 1, p.cmd)  # the same pid, another process's start time
-        assert leftovers.end([stale], grace=0.0) == [] and child.poll() is None
-        assert leftovers.end([p], grace=0.2) == [child.pid]
+        assert leftovers.end([stale], grace=0.0) == ([], []) and child.poll() is None
+        assert leftovers.end([p], grace=0.2) == ([child.pid], [child.pid])
+        assert leftovers.read_proc(child.pid) is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_without_pidfds_plain_pids_are_signalled_after_the_same_check(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel (or seccomp filter) without pidfd_open: the process is still ended, by pid, and a reused pid still
+    is not."""
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_until = leftovers.read_proc(child.pid)
+        assert wait_until is not None
+        stale = Proc(wait_until.pid, wait_until.ppid, wait_until.uid, wait_until.start + 1, wait_until.cmd)
+        assert leftovers.end([stale], grace=0.0) == ([], []) and child.poll() is None
+        assert leftovers.end([wait_until], grace=5.0) == ([child.pid], [])
         assert leftovers.read_proc(child.pid) is None
     finally:
         child.kill()
