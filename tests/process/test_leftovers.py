@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support import SCRIPTS, TIMEOUT, ddpboot_exe, launch_env, start_launcher, wait_for
+from tests.support import SCRIPTS, TIMEOUT, ddpboot_exe, launch_env, wait_for
 
 DAEMON = str(SCRIPTS / "leave_daemon.py")
 
@@ -58,7 +58,10 @@ def test_a_double_forked_daemon_ends_with_the_job(tmp_path: Path) -> None:
 
 
 def test_a_daemon_dies_after_the_launcher_is_killed(tmp_path: Path) -> None:
-    proc = start_launcher(["--cpu", "--nproc", "2", DAEMON, "--stay"], launch_env(tmp_path))
+    """With a relative --log-dir too: the mark the guardian looks for is the run directory's absolute path."""
+    proc = subprocess.Popen([*ddpboot_exe(), "--cpu", "--nproc", "2", "--log-dir", "logs", DAEMON, "--stay"],
+                            env=launch_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         wait_for(lambda: len(daemons(tmp_path)) == 2, TIMEOUT, "both ranks' daemons")
         proc.kill()  # SIGKILL: nothing of the launcher runs any more; its guardian must clean up

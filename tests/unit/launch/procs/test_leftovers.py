@@ -48,6 +48,12 @@ def test_marked_processes_are_found_anywhere_but_only_ours_and_only_this_run() -
     assert leftovers.rank_of(found[0]) == 3
 
 
+def test_a_relative_run_directory_marks_nothing() -> None:
+    """`logs/RUN` could be another job's, started in another directory: only an absolute directory marks."""
+    t = table(proc(300, 1, "logs/run/attempt_0/rank0.error.json"))
+    assert leftovers.marked(t, Path("logs/run"), UID) == set()
+
+
 def test_never_the_launcher_nor_init_even_if_marked() -> None:
     mark = f"{RUN}/attempt_0/rank0.error.json"
     t = table(proc(1, 0, mark), proc(LAUNCHER, 1, mark))
