@@ -18,10 +18,8 @@ from typing import Any
 
 from ddpboot.cli.output import escape
 from ddpboot.cli.render import Column, fit_columns
-from ddpboot.contract import FAKE_GPUS_VAR
+from ddpboot.launch.procs.procstat import read_stat
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 MIN_PROGRESS = 16  # the progress column's least width; the other columns give way to it below this
 
 
@@ -36,15 +34,8 @@ class ProcReading:
 
 def read_process(pid: int) -> ProcReading | None:
     """From /proc/PID/stat; None when the process is gone (or pid is 0: not started)."""
-    if pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return ProcReading((int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE,
-                           fields[0].decode())
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = read_stat(pid)
+    return None if stat is None else ProcReading(stat.cpu, stat.rss, stat.state)
 
 
 @dataclass(frozen=True)
@@ -251,13 +242,13 @@ class GpuReader:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
-        self.nvml: Any = None
+        self.reader: Any = None  # selection.activity.GpuReader, made at the first reading
         self.failed: str | None = None
 
     def read(self, status: Mapping[str, Any]) -> GpuReadings:
         from ddpboot.launch.gpuwatch import RankGpus, owners
         from ddpboot.launch.procs import leftovers
-        from ddpboot.selection.activity import NvmlProcesses, fake_gpu_processes
+        from ddpboot.selection.activity import GpuReader
         from ddpboot.selection.inventory import load_inventory
 
         ranks = [RankGpus(int(e["rank"]), int(e["pid"]), frozenset(g["uuid"] for g in e.get("gpus", [])), "")
@@ -266,12 +257,8 @@ class GpuReader:
             return GpuReadings()
         try:
             inventory = load_inventory(self.env)
-            spec = self.env.get(FAKE_GPUS_VAR, "")
-            if spec.strip():
-                procs = fake_gpu_processes(spec)
-            else:
-                self.nvml = self.nvml or NvmlProcesses()
-                procs = self.nvml.read()
+            self.reader = self.reader or GpuReader(self.env)
+            procs = self.reader.processes()
         except Exception as exc:  # InventoryError, ImportError, NVMLError (no common base to name)
             self.failed = str(exc)
             return GpuReadings()
@@ -286,9 +273,9 @@ class GpuReader:
         return GpuReadings(gpus, held, known=True)
 
     def close(self) -> None:
-        if self.nvml is not None:
-            self.nvml.close()
-            self.nvml = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 # --- the command's two ways: one snapshot (--json), and the live table --------------------------------------------

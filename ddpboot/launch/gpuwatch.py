@@ -26,11 +26,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpboot.contract import FAKE_GPUS_VAR
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
-from ddpboot.selection.activity import GpuHealth, GpuProcess, NvmlProcesses, fake_gpu_health, fake_gpu_processes
+from ddpboot.selection.activity import GpuHealth, GpuProcess, GpuReader
 from ddpboot.selection.planner import Plan
 
 WATCH_INTERVAL = 5.0  # seconds between two readings
@@ -60,23 +59,25 @@ class Finding:
 def owners(table: Mapping[int, Proc], ranks: Sequence[RankGpus], run_dir: Path | None) -> dict[int, int]:
     """pid → rank index for every process of the job: each rank's process and its descendants, and processes
     carrying a rank's mark (its TORCHELASTIC_ERROR_FILE under `run_dir`)."""
-    by_parent: dict[int, list[int]] = {}
-    for p in table.values():
-        by_parent.setdefault(p.ppid, []).append(p.pid)
     out: dict[int, int] = {}
     for i, r in enumerate(ranks):
-        todo = [r.pid]
-        while todo:
-            pid = todo.pop()
-            if pid not in out:
-                out[pid] = i
-                todo.extend(by_parent.get(pid, ()))
+        for pid in leftovers.descendants(table, [r.pid]):
+            out.setdefault(pid, i)
     if run_dir is not None:
         by_rank = {r.rank: i for i, r in enumerate(ranks)}
         for pid in leftovers.marked(table, run_dir, os.getuid()):
             rank = leftovers.rank_of(table[pid])
             if rank in by_rank:
                 out.setdefault(pid, by_rank[rank])
+    return out
+
+
+def _gpu_ranks(ranks: Sequence[RankGpus]) -> dict[str, list[int]]:
+    """GPU UUID → the ranks that run on it."""
+    out: dict[str, list[int]] = {}
+    for r in ranks:
+        for u in r.uuids:
+            out.setdefault(u, []).append(r.rank)
     return out
 
 
@@ -109,10 +110,7 @@ def findings(
 ) -> list[Finding]:
     """What is wrong in one reading (every finding; the caller says each key once)."""
     procs = list(procs)
-    job_gpus: dict[str, list[int]] = {}
-    for r in ranks:
-        for u in r.uuids:
-            job_gpus.setdefault(u, []).append(r.rank)
+    job_gpus = _gpu_ranks(ranks)
     on_job = [gp for gp in procs if gp.uuid in job_gpus]
     out: list[Finding] = []
     if on_job and not any(gp.pid in table for gp in on_job):
@@ -144,10 +142,7 @@ FULL = 0.95  # a GPU whose memory is this full is said to be nearly full
 def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
                     ecc_before: Mapping[str, int | None]) -> list[Finding]:
     """What is wrong with the job's GPUs (`ecc_before`: each GPU's uncorrected ECC count at the first reading)."""
-    whose: dict[str, list[int]] = {}
-    for r in ranks:
-        for u in r.uuids:
-            whose.setdefault(u, []).append(r.rank)
+    whose = _gpu_ranks(ranks)
     out = []
     for st in states:
         if st.uuid not in whose:
@@ -200,7 +195,7 @@ class GpuWatch:
     say: Callable[[str], None]
     interval: float = WATCH_INTERVAL
     said: set[tuple[object, ...]] = field(default_factory=set)
-    nvml: NvmlProcesses | None = None
+    reader: GpuReader | None = None
     broken: bool = False
     ended: bool = False  # strict has ended the attempt
     ecc_before: dict[str, int | None] | None = None  # each GPU's uncorrected ECC count at the first reading
@@ -210,12 +205,9 @@ class GpuWatch:
         return self.mode is not WatchMode.OFF and not self.broken and any(s.gpus for s in self.plan.ranks)
 
     def _read(self) -> tuple[list[GpuProcess], list[GpuHealth]]:
-        spec = self.env.get(FAKE_GPUS_VAR)
-        if spec is not None and spec.strip():
-            return fake_gpu_processes(spec), fake_gpu_health(spec)
-        if self.nvml is None:
-            self.nvml = NvmlProcesses()
-        return self.nvml.read(), self.nvml.health()
+        if self.reader is None:
+            self.reader = GpuReader(self.env)
+        return self.reader.processes(), self.reader.health()
 
     def check(self, pids: Mapping[int, int]) -> bool:
         """One reading; True when `strict` must end the job (a rank on a GPU not its own)."""
@@ -243,6 +235,6 @@ class GpuWatch:
         return end
 
     def close(self) -> None:
-        if self.nvml is not None:
-            self.nvml.close()
-            self.nvml = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None

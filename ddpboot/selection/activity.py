@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,28 @@ class NvmlProcesses:
                 self.nv.nvmlEventSetFree(self.events)
         with contextlib.suppress(self.nv.NVMLError):
             self.nv.nvmlShutdown()
+
+
+class GpuReader:
+    """A running job's GPU readings: from the simulated inventory when DDPBOOT_FAKE_GPUS is set (reread at every
+    call), else from one NVML session opened at the first reading and kept until `close`."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.spec = (env.get(FAKE_GPUS_VAR) or "").strip()
+        self.nvml: NvmlProcesses | None = None
+
+    def _session(self) -> NvmlProcesses:
+        if self.nvml is None:
+            self.nvml = NvmlProcesses()
+        return self.nvml
+
+    def processes(self) -> list[GpuProcess]:
+        return fake_gpu_processes(self.spec) if self.spec else self._session().read()
+
+    def health(self) -> list[GpuHealth]:
+        return fake_gpu_health(self.spec) if self.spec else self._session().health()
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None

@@ -144,7 +144,7 @@ class _FakeRecord:
 
     def numbers(self, key: str) -> tuple[int, ...]:
         values = self.get(key, list, [])
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        if not all(_count(v) for v in values):
             raise InventoryError(f"{self.where}: {key!r} must be a list of non-negative integers.")
         return tuple(values)
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.contract import ERROR_FILE_VAR
+from ddpboot.launch.procs.procstat import PROC, read_stat
 
-PROC = Path("/proc")
 _RANK_FILE = re.compile(r"rank(\d+)\.error\.json$")
 
 
@@ -48,20 +48,6 @@ class Proc:
     cmd: str  # its command line (the program's name and its arguments), or [comm] when it has none
     error_file: str | None = None  # TORCHELASTIC_ERROR_FILE from its environment, when it has one and we may read it
     zombie: bool = False
-
-
-def _stat(pid_dir: Path) -> tuple[int, int, str, bool] | None:
-    """(ppid, start time, comm, zombie) from /proc/PID/stat."""
-    try:
-        raw = (pid_dir / "stat").read_bytes().decode(errors="replace")
-    except OSError:
-        return None
-    comm = raw[raw.find("(") + 1 : raw.rfind(")")]
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return int(fields[1]), int(fields[19]), comm, fields[0] == "Z"
-    except (IndexError, ValueError):
-        return None
 
 
 def _environ_value(pid_dir: Path, name: str) -> str | None:
@@ -79,10 +65,10 @@ def _environ_value(pid_dir: Path, name: str) -> str | None:
 def read_proc(pid: int, proc: Path = PROC) -> Proc | None:
     """One process as the table holds it; None when it is gone."""
     pid_dir = proc / str(pid)
-    stat = _stat(pid_dir)
+    stat = read_stat(pid, proc)
     if stat is None:
         return None
-    ppid, start, comm, zombie = stat
+    ppid, start, comm, zombie = stat.ppid, stat.start, stat.comm, stat.state == "Z"
     try:
         uid = pid_dir.stat().st_uid
         argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
@@ -113,7 +99,8 @@ def children(pid: int, proc: Path = PROC) -> set[int]:
     return {p.pid for p in snapshot(proc).values() if p.ppid == pid}
 
 
-def _descendants(table: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
+def descendants(table: Mapping[int, Proc], roots: Iterable[int]) -> set[int]:
+    """The roots and every process below them in `table`."""
     by_parent: dict[int, list[int]] = {}
     for p in table.values():
         by_parent.setdefault(p.ppid, []).append(p.pid)
@@ -147,7 +134,7 @@ def leftovers(
     own = set(own)
     kept = own | {launcher}
     roots = {p.pid for p in table.values() if p.ppid == launcher and p.pid not in kept}
-    found = _descendants(table, roots) | marked(table, run_dir, uid)
+    found = descendants(table, roots) | marked(table, run_dir, uid)
     return [table[pid] for pid in sorted(found - kept) if pid > 1]
 
 

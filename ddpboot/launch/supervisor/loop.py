@@ -23,6 +23,7 @@ from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
+from ddpboot.launch.procs.procstat import read_stat
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
 from ddpboot.launch.spec import GPU_WATCH_EXIT
@@ -35,18 +36,13 @@ from ddpboot.launch.supervisor.workers import AttemptResult, Worker, exit_code_o
 SIGNALS_KEY = "signals"  # the selector's data for the signalfd
 PIPE_KEY = "pipe"  # ... for a worker's stdout/stderr pipe
 CHUNK = 1 << 16
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> tuple[float, bool] | None:
     """The CPU time (user + system, every thread) of a live process, and whether its main thread is running or
     waiting for a core (state R or D), from /proc/PID/stat; None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0] in (b"R", b"D")
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = read_stat(pid)
+    return None if stat is None else (stat.cpu, stat.state in ("R", "D"))
 
 
 class RankStartError(DdpbootError):
