@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-TOOLS = ("plan", "gpus", "smoke", "stacks", "top")
+TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
 
 # Other launchers' options that users type out of habit, and what ddpboot calls them (keys with dashes).
 FOREIGN_OPTIONS = {

@@ -94,7 +94,22 @@ FastStartOption = Annotated[
 PreloadOption = Annotated[
     str,
     typer.Option("--preload", envvar="DDPBOOT_PRELOAD", rich_help_panel=_PROG, metavar="MODULES",
-                 help="With --fast-start: more modules to import once, before forking the ranks (mod1,mod2)."),
+                 help="With --fast-start or --warm: more modules to import once, before forking the ranks "
+                 "(mod1,mod2)."),
+]
+
+WarmOption = Annotated[
+    bool,
+    typer.Option("--warm/--no-warm", envvar="DDPBOOT_WARM", rich_help_panel=_PROG,
+                 help="Fork the ranks from this user's warm process on this node, which imported torch once and "
+                 "is kept between launches (started by the first warm launch; `ddpboot warm status|stop`). As "
+                 "--fast-start, without its import on every launch."),
+]
+
+WarmIdleOption = Annotated[
+    str,
+    typer.Option("--warm-idle", envvar="DDPBOOT_WARM_IDLE", rich_help_panel=_PROG, metavar="TIME",
+                 help="With --warm: the warm process exits after this long without launches (e.g. 15m, 1h)."),
 ]
 
 RdzvIdOption = Annotated[
@@ -330,6 +345,8 @@ RUN_PARAMS = [
     _param("run_path", RunPathOption, False),
     _param("fast_start", FastStartOption, False),
     _param("preload", PreloadOption, ""),
+    _param("warm", WarmOption, False),
+    _param("warm_idle", WarmIdleOption, "15m"),
     _param("rdzv_id", RdzvIdOption, None),
     _param("rdzv_conf", RdzvConfOption, ""),
     _param("store", StoreOption, "python"),

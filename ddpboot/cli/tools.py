@@ -257,3 +257,16 @@ def top_cmd(
         return
     if top.watch(record.run_dir, record.pid, status, interval, os.environ) == "ended":
         print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")
+
+
+@tools.command("warm")
+@handle_errors
+def warm_cmd(
+    action: Annotated[str, typer.Argument(help="status (the warm process's state) or stop (end it now).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as one JSON object.")] = False,
+) -> None:
+    """This user's warm process on this node (`ddpboot --warm`): `status` shows its pid, age, launches, the
+    launches it serves now and what it preloaded; `stop` ends it (launches it serves go on until they end)."""
+    from ddpboot.cli.warm import warm
+
+    raise typer.Exit(warm(action, as_json, os.environ))

@@ -113,6 +113,8 @@ class RunOptions:
     run_path: bool = False
     fast_start: bool = False
     preload: str = ""
+    warm: bool = False
+    warm_idle: str | float = "15m"
     store: str = "python"
     store_allow: str | None = None
     max_restarts: int = 0
@@ -255,8 +257,10 @@ class LaunchConfig:
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     output: OutputConfig = field(default_factory=OutputConfig)
-    fast_start: bool = False
+    fast_start: bool = False  # the ranks are forked by a process that imported torch (a fast start or warm)
     preloads: tuple[str, ...] = ()  # modules the fast-start process imports before forking the ranks
+    warm: bool = False  # forked by this user's warm process (kept between launches), started if there is none
+    warm_idle: float = 900.0  # --warm-idle: the warm process exits after this long without launches
     wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
     dry_run: bool = False
     notes: tuple[str, ...] = ()  # what the launcher says before it starts (a note each)
@@ -318,7 +322,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         if o.start_method not in START_METHODS:
             raise UsageError(f"--start-method {o.start_method!r}: torchrun's choices are spawn, fork and forkserver.")
         conf = parse_rdzv_conf(o.rdzv_conf)
-        preloads = parse_preloads(o.preload, o.fast_start)
+        preloads = parse_preloads(o.preload, o.fast_start or o.warm)
+        warm_idle = parse_duration(o.warm_idle, "--warm-idle", allow_zero=False)
         if o.no_prefix and o.log_line_prefix_template and "--log-line-prefix-template" not in o.from_env:
             raise UsageError("--no-prefix and --log-line-prefix-template contradict each other: drop one.")
         output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
@@ -335,17 +340,19 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             script_dir = str((cwd / o.script).parent) if kind == "script" else str(cwd)
             check_preloads(preloads, [script_dir, str(cwd), *sys.path])
         notes: list[str] = []
-        fast = o.fast_start and _fast_start_supports(target)
-        if o.fast_start and not fast:
-            notes.append(f"--fast-start forks Python ranks; {o.script} is a program (--no-python), so every rank "
-                         "starts with exec as usual")
+        forked = o.fast_start or o.warm
+        fast = forked and _fast_start_supports(target)
+        if forked and not fast:
+            notes.append(f"{'--warm' if o.warm else '--fast-start'} forks Python ranks; {o.script} is a program "
+                         "(--no-python), so every rank starts with exec as usual")
         return LaunchConfig(
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=planned.store_address,
             request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,
             signals=signals, shutdown_timeout=shutdown, monitor_interval=monitor, stall_timeout=stall,
             gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
             rdzv_conf=conf, join_timeout=join_timeout(conf),
-            output=output, fast_start=fast, preloads=preloads, wait_for_gpus=wait,
+            output=output, fast_start=fast, preloads=preloads, warm=fast and o.warm, warm_idle=warm_idle,
+            wait_for_gpus=wait,
             dry_run=o.dry_run, notes=tuple(notes),
         )
 

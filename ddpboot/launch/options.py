@@ -211,8 +211,8 @@ def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:
     """`--preload mod1,mod2`: module names, imported once by the fast-start process."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     if names and not fast_start:
-        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start; add --fast-start or drop "
-                         "--preload.")
+        raise UsageError(f"--preload {text}: modules are preloaded only with --fast-start or --warm; add one or "
+                         "drop --preload.")
     bad = [m for m in names if not is_module_name(m)]
     if bad:
         raise UsageError(f"--preload {text}: {', '.join(map(repr, bad))} is not a module name (dotted identifiers, "

@@ -350,14 +350,31 @@ def _fast_start(
     if given is not None or not config.fast_start:
         yield given
         return
-    from ddpboot.launch.faststart import FastStartProcess
+    from ddpboot.launch.faststart import FastStartError, FastStartProcess
 
     env = dict(config.env)
     threads = {env.get("OMP_NUM_THREADS") or str(max(s.omp_threads, 1)) for s in plan.ranks}
     if len(threads) == 1:
         env["OMP_NUM_THREADS"] = threads.pop()
-    fast_start = FastStartProcess.start(config.python, config.target, config.cwd, env, config.preloads)
+    fast_start: FastStartProcess | None = None
+    warm_session = None
+    if config.warm:
+        from ddpboot.launch.faststart import warm
+        from ddpboot.launch.faststart.warmstart import WarmError
+
+        try:
+            fast_start = warm_session = warm.open_session(
+                config.python, config.target, config.cwd, env, config.preloads, config.warm_idle, say,
+                lambda: stop_if_signalled("while the warm process started"))
+        except (WarmError, FastStartError, OSError) as exc:
+            say(f"note: no warm launch: {exc}; this launch starts cold (as --fast-start)")
+    if fast_start is None:
+        fast_start = FastStartProcess.start(config.python, config.target, config.cwd, env, config.preloads)
     try:
         yield fast_start
     finally:
+        died = warm_session is not None and warm_session.warm_died()
         fast_start.close()
+        if warm_session is not None and died:
+            say(f"warning: the warm process (pid {warm_session.warm_pid}) died during this launch (the launch "
+                "itself went on); the next warm launch starts a fresh one")

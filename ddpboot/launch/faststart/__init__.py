@@ -58,6 +58,7 @@ class FastStartProcess:
     info: dict[str, Any] | None = None
     exits: list[tuple[int, int]] = field(default_factory=list)  # (pid, wait status) not yet taken
     gone: bool = False
+    running: set[int] = field(default_factory=set)  # ranks forked and not yet reported as exited
     _next: int = 0
 
     @classmethod
@@ -93,6 +94,7 @@ class FastStartProcess:
 
     def _take(self, msg: dict[str, Any]) -> None:
         if msg.get("op") == "exit":
+            self.running.discard(int(msg["pid"]))
             self.exits.append((int(msg["pid"]), int(msg["status"])))
 
     def wait_ready(self) -> dict[str, Any]:
@@ -126,6 +128,7 @@ class FastStartProcess:
             if msg is None:
                 raise FastStartError("the fast-start process exited while starting a rank")
             if msg.get("op") == "started" and msg.get("id") == self._next:
+                self.running.add(int(msg["pid"]))
                 return int(msg["pid"])
             self._take(msg)
 
@@ -138,6 +141,11 @@ class FastStartProcess:
             self._take(msg)
         out, self.exits = self.exits, []
         return out
+
+    def lost(self) -> list[tuple[int, int]]:
+        """Ranks whose exits will never be reported, once the process has gone: none here (they die with the zygote,
+        and the launcher, their subreaper, reaps them); a warm session's are not the launcher's (warm.py)."""
+        return []
 
     def close(self) -> None:
         """Let the zygote go (it exits when the socket closes) and reap it."""

@@ -87,6 +87,11 @@ class FastStartStarter:
     def exits(self) -> list[tuple[int, int]]:
         exits = self.process.poll()
         if self.process.gone:
+            lost = self.process.lost()
+            if lost:
+                self.console.message(f"ddpboot: error: the warm launch's process (pid {self.process.pid}) died; "
+                                     "its ranks are killed with it")
+            exits += lost
             self.close()
         return exits
 
