@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -144,3 +145,53 @@ def test_the_same_job_across_two_nodes_on_one_gpu(tmp_path: Path) -> None:
     # NCCL's flight recorder (--log-dir) dumped rank 0's collectives, set under the names this torch reads
     assert (run / "attempt_0" / "nccl_trace_rank_0").exists(), sorted(p.name for p in (run / "attempt_0").iterdir())
     assert "is deprecated" not in errs[0], [line for line in errs[0].splitlines() if "is deprecated" in line]
+
+
+BEHIND = """
+import datetime, os, time
+rank = int(os.environ["RANK"])
+os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # the launcher's --cpu hid the GPUs: both ranks share GPU 0
+os.environ["NCCL_HOSTID"] = f"ddpboot-test-host-{rank}"  # two hosts to NCCL, which refuses two ranks on one GPU
+import torch, torch.distributed as dist
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0), timeout=datetime.timedelta(seconds=15))
+t = torch.ones(1, device="cuda")
+dist.all_reduce(t); dist.all_reduce(t)
+dist.broadcast(t, 0); torch.cuda.synchronize()
+print(f"rank {rank}: ready", flush=True)
+if rank == 1:
+    time.sleep(300)  # rank 1 never calls the all_reduce below
+dist.all_reduce(t); torch.cuda.synchronize()
+"""
+
+
+def test_an_nccl_timeout_s_flight_recorder_dumps_name_the_rank_behind(tmp_path: Path) -> None:
+    """Rank 1 skips the last all_reduce; rank 0's NCCL watchdog times out after 15 s and, with the flight recorder
+    the launcher sets up under --log-dir (TORCH_NCCL_DUMP_ON_TIMEOUT), dumps its collectives and signals rank 1
+    through the store to dump its own. Rank 0 aborts, the job ends, and the failure report's verdict names rank 1
+    as behind: its last collective, the broadcast, has the number before rank 0's all_reduce. One launcher, its two
+    ranks on GPU 0 as two hosts (a distinct NCCL_HOSTID each, set by the script; NCCL's sockets on lo), so that
+    both dumps are in its attempt directory."""
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    job = tmp_path / "behind.py"
+    job.write_text(BEHIND)
+    logs = tmp_path / "logs"
+    env = clean_env(NCCL_NVLS_ENABLE="0", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_P2P_DISABLE="1",
+                    NCCL_SHM_DISABLE="1")
+    out = subprocess.run([*ddpboot_exe(), "--cpu", "--nproc", "2", "--gpu-watch", "off", "--log-dir", str(logs),
+                          "--shutdown-timeout", "5", str(job)], env=env, capture_output=True, text=True, timeout=400,
+                         cwd=REPO)
+    if os.environ.get("OUT"):  # the device machine's output folder: keep what the launcher said
+        Path(os.environ["OUT"], "flight-behind.log").write_text(out.stderr[-20000:])
+    assert out.returncode != 0 and "ddpboot: rank 0 failed" in out.stderr, out.stderr[-4000:]
+    assert sorted(p.name for p in logs.glob("*/attempt_0/nccl_trace_rank_*")) == ["nccl_trace_rank_0",
+                                                                                  "nccl_trace_rank_1"]
+    verdict = [line for line in out.stderr.splitlines() if line.startswith("ddpboot: verdict: flight recorder: ")]
+    assert verdict, out.stderr[-4000:]
+    m = re.fullmatch(r"ddpboot: verdict: flight recorder: rank 1 is behind in process group 0 \(default_pg\): its "
+                     r"last collective is broadcast #(\d+) at behind\.py:11 \(completed\); rank 0 is at all_reduce "
+                     r"#(\d+) at behind\.py:15 \(not completed\); rank 1 never called all_reduce #(\d+): "
+                     r"look at rank 1", verdict[-1])
+    assert m is not None, verdict[-1]
+    assert int(m[2]) == int(m[3]) == int(m[1]) + 1, verdict[-1]

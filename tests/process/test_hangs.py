@@ -220,3 +220,61 @@ def test_a_two_node_verdict_names_the_rank_on_the_other_node(tmp_path: Path) -> 
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+FLIGHT = SCRIPTS / "flight_behind.py"
+
+
+def flight_line(marker: str) -> str:
+    """`flight_behind.py:N` for the line marked `# <- marker`."""
+    marks = [ln.partition("# <- ")[2].partition(":")[0] for ln in FLIGHT.read_text().splitlines()]
+    return f"{FLIGHT.name}:{marks.index(marker) + 1}"
+
+
+@pytest.mark.parametrize("mode", ["behind", "reorder"])
+def test_the_failure_report_reads_the_flight_recorder_s_dumps(mode: str, tmp_path: Path) -> None:
+    """Real dumps of torch's flight recorder (gloo records as NCCL does; the ranks write torch's dump where the
+    launcher told NCCL to): the failure report's verdict names the rank behind by the sequence numbers, or the
+    collective whose number differs between the ranks."""
+    env = launch_env(tmp_path / "out", tmp_path)
+    logs = tmp_path / "logs"
+    got = run_launcher(["--cpu", "--nproc", "2", "--log-dir", str(logs), "--shutdown-timeout", "2", str(FLIGHT),
+                        *([mode] if mode != "behind" else [])], env)
+    assert got.returncode == 1, got.stderr[-3000:]
+    assert sorted(p.name for p in logs.glob("*/attempt_0/nccl_trace_rank_*")) == ["nccl_trace_rank_0",
+                                                                                  "nccl_trace_rank_1"]
+    if mode == "behind":
+        # gloo retires a collective that timed out as one that completed: `returned` (flight.py), once it is
+        want = re.escape("flight recorder: rank 1 is behind in process group 0 (default_pg): its last collective is "
+                         f"broadcast #3 at {flight_line('broadcast')} (returned); rank 0 is at all_reduce #4 at "
+                         f"{flight_line('behind')} (") + r"(returned|not completed)" + re.escape(
+                         "); rank 1 never called all_reduce #4: look at rank 1")
+    else:
+        want = re.escape("flight recorder: collective #4 of process group 0 (default_pg) differs between ranks: rank 0 "
+                         f"called all_reduce at {flight_line('behind')}; rank 1 called broadcast at "
+                         f"{flight_line('reorder')} (a reordered or skipped collective)")
+    assert re.fullmatch(want, verdict_line(got.stderr)), got.stderr[-3000:]
+
+
+def test_a_dump_on_demand_has_the_flight_recorder_s_finding(tmp_path: Path) -> None:
+    """While the job still runs after its ranks dumped (rank 0 holds), `ddpboot stacks --json` adds the dumps'
+    finding to the stacks' verdict."""
+    env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: "faulthandler"})
+    logs = tmp_path / "logs"
+    with (tmp_path / "stderr").open("w") as err_file:
+        proc = subprocess.Popen([*ddpboot_exe(), "--cpu", "--nproc", "2", "--log-dir", str(logs), "--shutdown-timeout",
+                                 "2", str(FLIGHT), "hold"], env=env, stdout=subprocess.DEVNULL, stderr=err_file,
+                                start_new_session=True)
+    try:
+        record = wait_for(lambda: next(logs.glob("*/launcher.json"), None), 120, "the launcher's record")
+        wait_for(lambda: len(list(record.parent.glob("attempt_0/nccl_trace_rank_*"))) == 2, 120, "both dumps",
+                 interval=0.1)
+        got = run_launcher(["stacks", str(record.parent), "--json"], env)
+        assert got.returncode == 0, got.stderr
+        dump = json.loads(got.stdout)
+        assert dump["flight"]["kind"] == "behind" and dump["flight"]["look_at"] == [1], dump["flight"]
+        assert "; flight recorder: rank 1 is behind in process group 0 (default_pg)" in dump["verdict"]
+        assert 1 in dump["look_at"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.stacks.behind import Finding, combined, finding
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.find import write_whole
 from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
@@ -35,6 +36,7 @@ class Dump:
     node: int | None = None  # this node's rank, in a job of several nodes
     others: tuple[NodeReport, ...] = ()  # node 0: the other nodes' reports (gather.py)
     silent: tuple[int, ...] = ()  # node 0: the nodes without a fresh report
+    flight: Finding | None = None  # what NCCL's flight recorder dumps in the attempt directory say (behind.py)
 
     def summary_lines(self) -> list[str]:
         return [summary_line(s) for s in self.stacks]
@@ -46,7 +48,8 @@ class Dump:
     def verdict(self) -> Verdict:
         seen = [*self.seen(), *(s for r in self.others for s in r.seen)]
         left = [*(replace(x, node=self.node) for x in self.left), *(x for r in self.others for x in r.left)]
-        return judge(seen, left, self.world_size, self.silent)
+        verdict = judge(seen, left, self.world_size, self.silent)
+        return combined(verdict, self.flight) if self.flight is not None else verdict
 
     def text(self) -> str:
         backends = sorted({s.backend for s in self.stacks if s.backend}) or ["none"]
@@ -69,6 +72,7 @@ class Dump:
             "seconds": round(self.seconds, 3),
             "verdict": verdict.text,
             "look_at": list(verdict.look_at),
+            "flight": self.flight.to_json() if self.flight is not None else None,
             "exited": [{"rank": x.rank, "code": x.code, "at": x.at} for x in self.left],
             "ranks": [{"rank": s.target.rank, "pid": s.target.pid, "gpus": s.target.gpus, "backend": s.backend,
                        "summary": where(s) if s.text else None, "problem": s.problem,
@@ -102,7 +106,13 @@ def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str], lef
          world_size: int | None = None) -> Dump:
     t0 = time.monotonic()
     stacks = collect(targets, env, native=env.get("DDPBOOT_STACKS_NATIVE", "") == "1")
-    return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size)
+    return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size, flight=finding(attempt_dir(targets)))
+
+
+def attempt_dir(targets: Sequence[RankTarget]) -> Path | None:
+    """The attempt directory the ranks' stacks files are in (where NCCL's flight recorder dumps with --log-dir)."""
+    dirs = {t.stacks_file.parent for t in targets if t.stacks_file is not None}
+    return dirs.pop() if len(dirs) == 1 else None
 
 
 def shared(dump: Dump, node: int, nnodes: int, store: tuple[str, int], run_id: str) -> tuple[Dump, str | None]:

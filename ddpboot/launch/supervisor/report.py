@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpboot.launch.logs import Console, read_error_file
+from ddpboot.launch.stacks.behind import finding
+from ddpboot.launch.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.supervisor.decisions import STUCK_REPORT
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_gpus, describe_status
 from ddpboot.selection.planner import Plan
@@ -39,6 +41,9 @@ def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs
     lines.extend(_left_early(root, others))
     if logs is not None:
         lines.append(f"  logs: {logs}")
+        found = finding(logs)  # post mortem: the dumps NCCL's flight recorder wrote at its timeout, if any
+        if found is not None:
+            lines.append(f"{VERDICT_PREFIX}flight recorder: {found.text}")
     return "\n".join(lines)
 
 

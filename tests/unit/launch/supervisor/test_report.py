@@ -10,6 +10,7 @@ from ddpboot.launch.spec import Std
 from ddpboot.launch.supervisor.report import failure_summary
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker
 from ddpboot.selection.planner import RankSlot
+from tests.unit.launch.stacks.flight_dumps import dump, entry, write
 
 
 def worker(rank: int, status: int | None, tmp_path: Path) -> Worker:
@@ -76,3 +77,16 @@ def test_ranks_that_exited_0_while_the_job_failed_are_named_with_how_long_before
     assert note.endswith("look at why ranks 1, 2 ended first.")
     killed = worker(1, 15, tmp_path)
     assert "note:" not in failure_summary(AttemptResult(1, root, workers=[root, killed, running]), 0, 0, None)
+
+
+def test_the_flight_recorder_s_dumps_add_a_verdict_post_mortem(tmp_path: Path) -> None:
+    attempt = tmp_path / "attempt_0"
+    attempt.mkdir()
+    root = worker(0, 6 << 8, tmp_path)
+    assert "verdict" not in failure_summary(AttemptResult(1, root, workers=[root]), 0, 0, attempt)
+    write(attempt, 0, dump([entry(0, 1, line=4), entry(1, 2, state="started", line=5)]))
+    write(attempt, 1, dump([entry(0, 1, line=4)]))
+    last = failure_summary(AttemptResult(1, root, workers=[root]), 0, 0, attempt).splitlines()[-1]
+    assert last == ("ddpboot: verdict: flight recorder: rank 1 is behind in process group 0 (default_pg): its last "
+                    "collective is all_reduce #1 at job.py:4 (completed); rank 0 is at all_reduce #2 at job.py:5 "
+                    "(not completed); rank 1 never called all_reduce #2: look at rank 1")
