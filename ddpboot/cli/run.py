@@ -106,6 +106,10 @@ def _dry_run(config: LaunchConfig, as_json: bool) -> int:
         print(f"note: {note}")
     if config.fast_start:
         preloads = f" and {', '.join(config.preloads)}" if config.preloads else ""
-        print(f"fast start: one process imports torch{preloads} with {config.python}, then forks every rank")
+        if config.warm:
+            print(f"warm launch: your warm process on this node (started if none runs) has imported torch{preloads} "
+                  f"with {config.python}, and forks every rank")
+        else:
+            print(f"fast start: one process imports torch{preloads} with {config.python}, then forks every rank")
     render_dry_run(plan, spec, config.env)
     return 0
