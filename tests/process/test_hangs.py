@@ -6,6 +6,7 @@ rank bootstrap, with the launcher run without CAP_SYS_PTRACE (setpriv) so that p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -183,23 +186,38 @@ def test_the_stacks_command_for_no_running_job_is_one_error(tmp_path: Path) -> N
     assert "is no running ddpboot job's pid, run id or run directory" in got.stderr
 
 
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path, env: dict[str, str], args: list[str]) -> Iterator[list[Path]]:
+    """Two launchers (nodes 0 and 1) of one job of one rank per node on this machine, each with its own --log-dir:
+    their launcher.json records, once both are there; both killed afterwards."""
+    port = free_port()
+    logs = [tmp_path / f"node{n}" for n in (0, 1)]
+    procs = []
+    try:
+        for n in (0, 1):
+            node = ["--cpu", "--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port",
+                    str(port), "--nproc", "1", "--log-dir", str(logs[n])]
+            with (tmp_path / f"stderr{n}").open("w") as err_file:
+                procs.append(subprocess.Popen([*ddpboot_exe(), *node, *args], env=env, stdout=subprocess.DEVNULL,
+                                              stderr=err_file, start_new_session=True))
+        yield [wait_for(partial(launcher_record, d), 120, "a launcher's record") for d in logs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def launcher_record(log_dir: Path) -> Path | None:
+    return next(log_dir.glob("*/launcher.json"), None)
+
+
 def test_a_two_node_verdict_names_the_rank_on_the_other_node(tmp_path: Path) -> None:
     """Two launchers (nodes) of one job on this machine, one rank each: rank 1, on node 1, sleeps in its data
     loading while rank 0 waits in all_reduce. Node 1's dump writes where its rank is into node 0's store; node 0's
     verdict then names rank 1 and its node."""
-    port = free_port()
     env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: "faulthandler"})
-    logs = [tmp_path / f"node{n}" for n in (0, 1)]
-    procs = []
-    for n in (0, 1):
-        args = ["--cpu", "--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port",
-                str(port), "--nproc", "1", "--log-dir", str(logs[n]), "--stall-timeout", "300", str(PLAIN), "data"]
-        with (tmp_path / f"stderr{n}").open("w") as err_file:
-            procs.append(subprocess.Popen([*ddpboot_exe(), *args], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=err_file, start_new_session=True))
-    try:
-        records = [wait_for(lambda d=d: next(d.glob("*/launcher.json"), None), 120, "a launcher's record")
-                   for d in logs]
+    with two_nodes(tmp_path, env, ["--stall-timeout", "300", str(PLAIN), "data"]) as records:
         pids = [json.loads(r.read_text())["pid"] for r in records]
         rank_logs = [records[n].parent / "attempt_0" / f"rank{n}.log" for n in (0, 1)]
         wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "both ranks ready")
@@ -215,11 +233,6 @@ def test_a_two_node_verdict_names_the_rank_on_the_other_node(tmp_path: Path) -> 
         assert got.returncode == 0, got.stderr
         assert re.fullmatch(want, json.loads(got.stdout)["verdict"])
         assert re.search(want, verdict_line(node0.with_suffix(".txt").read_text()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 FLIGHT = SCRIPTS / "flight_behind.py"
@@ -278,3 +291,25 @@ def test_a_dump_on_demand_has_the_flight_recorder_s_finding(tmp_path: Path) -> N
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_two_node_flight_recorder_verdict_compares_the_dumps_of_both_nodes(tmp_path: Path) -> None:
+    """Two launchers (nodes) of one job, one rank each, each rank's dump in its own node's attempt directory: node
+    1's dump on demand carries its rank's dump through the store, so node 0's verdict names rank 1 as behind instead
+    of saying that rank 1 has no dump."""
+    env = launch_env(tmp_path / "out", tmp_path, **{BACKEND_VAR: "faulthandler"})
+    with two_nodes(tmp_path, env, ["--shutdown-timeout", "2", str(FLIGHT), "hold"]) as records:
+        for n in (0, 1):
+            dumped = records[n].parent / "attempt_0" / f"nccl_trace_rank_{n}"
+            wait_for(dumped.exists, 120, f"rank {n}'s dump", interval=0.1)
+        pids = [json.loads(r.read_text())["pid"] for r in records]
+        node1 = request_dump(RunRecord(pids[1], "", records[1].parent), 30)
+        assert node1 is not None
+        assert json.loads(node1.read_text())["flight"]["kind"] == "level"  # gloo's dumps name no group's members
+        node0 = request_dump(RunRecord(pids[0], "", records[0].parent), 30)
+        assert node0 is not None
+        flight = json.loads(node0.read_text())["flight"]
+        assert flight["kind"] == "behind" and flight["look_at"] == [1], flight
+        assert flight["verdict"].startswith("rank 1 is behind in process group 0 (default_pg): its last collective "
+                                            f"is broadcast #3 at {flight_line('broadcast')}"), flight
+        assert "no dump from" not in flight["verdict"]

@@ -3,7 +3,8 @@ one sequence number differ (a reordered or skipped collective), else the ranks w
 their peers' (they never called the one the others wait in), else that every rank is at the same collective. Pure.
 
 Only the dumps there are can be compared: a member without a dump (it was ended before it wrote one, or it ran
-on another node, whose attempt directory is there) is named as missing, never as behind.
+on another node: a stack dump on node 0 has the other nodes' dumps through the store, gather.py, the failure
+report only this node's) is named as missing, never as behind.
 """
 
 from __future__ import annotations

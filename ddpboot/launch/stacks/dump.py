@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
-from ddpboot.launch.stacks.behind import Finding, combined, finding
+from ddpboot.launch.stacks.behind import Finding, combined
+from ddpboot.launch.stacks.behind import judge as judge_flight
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.find import write_whole
+from ddpboot.launch.stacks.flight import Flight, merge, read_dir
 from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
 from ddpboot.launch.stacks.summary import classify, main_frames, parse
 from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
@@ -36,7 +38,7 @@ class Dump:
     node: int | None = None  # this node's rank, in a job of several nodes
     others: tuple[NodeReport, ...] = ()  # node 0: the other nodes' reports (gather.py)
     silent: tuple[int, ...] = ()  # node 0: the nodes without a fresh report
-    flight: Finding | None = None  # what NCCL's flight recorder dumps in the attempt directory say (behind.py)
+    flight: Flight | None = None  # NCCL's flight recorder dumps in the attempt directory (flight.py)
 
     def summary_lines(self) -> list[str]:
         return [summary_line(s) for s in self.stacks]
@@ -49,7 +51,13 @@ class Dump:
         seen = [*self.seen(), *(s for r in self.others for s in r.seen)]
         left = [*(replace(x, node=self.node) for x in self.left), *(x for r in self.others for x in r.left)]
         verdict = judge(seen, left, self.world_size, self.silent)
-        return combined(verdict, self.flight) if self.flight is not None else verdict
+        found = self.flight_finding()
+        return combined(verdict, found) if found is not None else verdict
+
+    def flight_finding(self) -> Finding | None:
+        """What the flight recorder's dumps say, this node's with the other nodes' (behind.py)."""
+        flight = merge([self.flight, *(r.flight for r in self.others)])
+        return judge_flight(flight) if flight is not None else None
 
     def text(self) -> str:
         backends = sorted({s.backend for s in self.stacks if s.backend}) or ["none"]
@@ -72,7 +80,7 @@ class Dump:
             "seconds": round(self.seconds, 3),
             "verdict": verdict.text,
             "look_at": list(verdict.look_at),
-            "flight": self.flight.to_json() if self.flight is not None else None,
+            "flight": found.to_json() if (found := self.flight_finding()) is not None else None,
             "exited": [{"rank": x.rank, "code": x.code, "at": x.at} for x in self.left],
             "ranks": [{"rank": s.target.rank, "pid": s.target.pid, "gpus": s.target.gpus, "backend": s.backend,
                        "summary": where(s) if s.text else None, "problem": s.problem,
@@ -106,7 +114,9 @@ def take(targets: Sequence[RankTarget], reason: str, env: Mapping[str, str], lef
          world_size: int | None = None) -> Dump:
     t0 = time.monotonic()
     stacks = collect(targets, env, native=env.get("DDPBOOT_STACKS_NATIVE", "") == "1")
-    return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size, flight=finding(attempt_dir(targets)))
+    directory = attempt_dir(targets)
+    return Dump(reason, stacks, time.monotonic() - t0, tuple(left), world_size,
+                flight=read_dir(directory) if directory is not None else None)
 
 
 def attempt_dir(targets: Sequence[RankTarget]) -> Path | None:
@@ -122,7 +132,8 @@ def shared(dump: Dump, node: int, nnodes: int, store: tuple[str, int], run_id: s
     mine = replace(dump, node=node)
     if node != 0:
         left = tuple(replace(x, node=node) for x in dump.left)
-        return mine, publish(*store, run_id, NodeReport(node, socket.gethostname(), tuple(mine.seen()), left, now))
+        return mine, publish(*store, run_id, NodeReport(node, socket.gethostname(), tuple(mine.seen()), left, now,
+                                                                dump.flight))
     others, silent = gather(*store, run_id, list(range(1, nnodes)), now - FRESH)
     return replace(mine, others=tuple(others), silent=tuple(silent)), None
 

@@ -98,6 +98,40 @@ class Flight:
     problems: tuple[str, ...] = ()
 
 
+KEEP = 32  # collectives per process group and rank a node's summary carries to node 0 (gather.py)
+
+
+def merge(flights: Iterable[Flight | None]) -> Flight | None:
+    """The dumps of several nodes as one job's (each rank dumps on its own node); None when none has any."""
+    got = [f for f in flights if f is not None]
+    if not got:
+        return None
+    return Flight({r: t for f in got for r, t in f.ranks.items()}, tuple(p for f in got for p in f.problems))
+
+
+def to_json(flight: Flight, keep: int = KEEP) -> dict[str, Any]:
+    """A compact form for another node's verdict: each group's last `keep` collectives (an earlier difference
+    between ranks is then not seen; the rank behind is, by the last sequence numbers)."""
+    return {"problems": list(flight.problems),
+            "ranks": [{"rank": t.rank, "version": t.version, "whole": t.whole,
+                       "members": {n: list(m) for n, m in t.members.items()},
+                       "groups": [{"name": g.name, "desc": g.desc,
+                                   "calls": [[c.seq, c.op, c.state, c.at] for c in g.calls[-keep:]]}
+                                  for g in t.groups.values()]} for t in flight.ranks.values()]}
+
+
+def from_json(data: Mapping[str, Any]) -> Flight:
+    """to_json's form read back; ValueError (or KeyError, TypeError) when it has another shape."""
+    ranks: dict[int, RankTrace] = {}
+    for t in data["ranks"]:
+        groups = {str(g["name"]): Group(str(g["name"]), str(g["desc"]),
+                                        tuple(Call(int(c[0]), str(c[1]), str(c[2]), str(c[3])) for c in g["calls"]))
+                  for g in t["groups"]}
+        members = {str(n): tuple(int(r) for r in m) for n, m in t["members"].items()}
+        ranks[int(t["rank"])] = RankTrace(int(t["rank"]), str(t["version"]), groups, members, bool(t["whole"]))
+    return Flight(ranks, tuple(str(p) for p in data["problems"]))
+
+
 def dump_files(directory: Path) -> dict[int, Path]:
     """The dumps in `directory`, by rank (torch writes `PREFIX<rank>`)."""
     try:

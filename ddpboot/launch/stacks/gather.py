@@ -1,10 +1,11 @@
 """A multi-node job's verdict covers the whole job: after each of its dumps, the launcher of every node but node 0
 writes where its ranks are (verdict.Seen and Left) into node 0's store, the one the job's ranks use; node 0's
-launcher, when it dumps, reads the other nodes' latest entries and judges all ranks together, naming the node of
-the rank to look at. An entry older than FRESH seconds describes an earlier moment and is left out (the verdict
-then says which nodes did not answer); node 0 waits up to WAIT seconds for entries that are not there yet (at a
-stall every node's launcher dumps at about the same time). Best effort: a store that cannot be reached leaves the
-verdict to this node's ranks.
+launcher, when it dumps, reads the other nodes' latest entries and judges all ranks together, naming the node of the
+rank to look at. The entries carry the flight recorder's dumps too (each rank dumps into its own node's attempt
+directory), so that its verdict also compares the ranks of every node. An entry older than FRESH seconds describes
+an earlier moment and is left out (the verdict then says which nodes did not answer); node 0 waits up to WAIT
+seconds for entries that are not there yet (at a stall every node's launcher dumps at about the same time). Best
+effort: a store that cannot be reached leaves the verdict to this node's ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ddpboot.launch.stacks.flight import Flight, from_json, to_json
 from ddpboot.launch.stacks.summary import Wait
 from ddpboot.launch.stacks.verdict import Left, Seen
 from ddpboot.tcpstore.client import StoreClient
@@ -32,6 +34,7 @@ class NodeReport:
     seen: tuple[Seen, ...]
     left: tuple[Left, ...]
     at: float  # time.time() of the dump
+    flight: Flight | None = None  # the flight recorder's dumps of its ranks (flight.py), in to_json's compact form
 
 
 def key(run_id: str, node: int) -> str:
@@ -42,7 +45,8 @@ def encode(report: NodeReport) -> bytes:
     return json.dumps({"node": report.node, "host": report.host, "at": report.at,
                        "seen": [{"rank": s.rank, "wait": asdict(s.wait) if s.wait else None, "node": s.node}
                                 for s in report.seen],
-                       "left": [asdict(x) for x in report.left]}).encode()
+                       "left": [asdict(x) for x in report.left],
+                       "flight": to_json(report.flight) if report.flight is not None else None}).encode()
 
 
 def decode(data: bytes) -> NodeReport:
@@ -50,7 +54,8 @@ def decode(data: bytes) -> NodeReport:
     return NodeReport(int(d["node"]), str(d["host"]),
                       tuple(Seen(int(s["rank"]), Wait(**s["wait"]) if s["wait"] else None, s["node"])
                             for s in d["seen"]),
-                      tuple(Left(**x) for x in d["left"]), float(d["at"]))
+                      tuple(Left(**x) for x in d["left"]), float(d["at"]),
+                      from_json(d["flight"]) if d.get("flight") else None)
 
 
 def publish(host: str, port: int, run_id: str, report: NodeReport) -> str | None:
@@ -81,6 +86,6 @@ def gather(host: str, port: int, run_id: str, nodes: Sequence[int], since: float
                 if len(got) == len(nodes) or time.monotonic() >= deadline:
                     break
                 time.sleep(0.1)  # polling the store for keys other launchers write at their own dumps
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        pass  # an entry of another shape (another version's launcher) counts as none
     return [got[n] for n in sorted(got)], [n for n in nodes if n not in got]

@@ -2,11 +2,11 @@
 rank 0 to give up while rank 0 calls a third all_reduce that times out (init_process_group's timeout: 3 s).
 Gloo's ranks record their collectives in torch's flight recorder (TORCH_FR_BUFFER_SIZE, set by the launcher with
 --log-dir) but have no watchdog to dump them, so each rank writes torch's own dump (`_dump_fr_trace()`, the bytes
-NCCL's watchdog writes) where the launcher told NCCL to (TORCH_FR_DUMP_TEMP_FILE + rank): rank 0 when its
-all_reduce timed out, rank 1 once rank 0's dump is there, as NCCL's other ranks do on the store's signal. Rank 0
-then exits 1, once rank 1's dump is there (tests/process/test_hangs.py). `reorder`: rank 1 calls a broadcast
-where rank 0 calls its third all_reduce. `hold`: rank 0 sleeps instead of exiting once both dumps are there (a
-dump on demand then reads them)."""
+NCCL's watchdog writes) where the launcher told NCCL to (TORCH_FR_DUMP_TEMP_FILE + rank, on the rank's own node)
+and says so in the job's store, as NCCL's watchdog does: rank 0 when its all_reduce timed out, rank 1 once rank 0
+has dumped. Rank 0 then exits 1, once rank 1 has dumped (tests/process/test_hangs.py). `reorder`: rank 1 calls a
+broadcast where rank 0 calls its third all_reduce. `hold`: rank 0 sleeps instead of exiting once both have dumped
+(a dump on demand then reads them)."""
 
 import contextlib
 import datetime
@@ -18,13 +18,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace
+from torch.distributed.distributed_c10d import _get_default_store
 
 
-def dump(rank: int) -> Path:
+def dump(rank: int) -> None:
+    """Write this rank's dump whole, then say so in the store (the peer may run on another node)."""
     path = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank))
     path.with_suffix(".tmp").write_bytes(_dump_fr_trace())
     path.with_suffix(".tmp").rename(path)
-    return path
+    _get_default_store().set(f"fr_dumped_{rank}", "1")
+
+
+def await_dump(rank: int, seconds: float) -> None:
+    with contextlib.suppress(RuntimeError):  # it did not dump in time: go on as NCCL's rank does
+        _get_default_store().wait([f"fr_dumped_{rank}"], datetime.timedelta(seconds=seconds))
 
 
 def main() -> None:
@@ -37,9 +44,7 @@ def main() -> None:
         if sys.argv[1:] == ["reorder"]:
             with contextlib.suppress(RuntimeError):  # it times out: rank 0 runs an all_reduce
                 dist.broadcast(t, 0)  # <- reorder
-        peer = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "0")
-        while not peer.exists():
-            time.sleep(0.05)  # waiting for a file another process writes
+        await_dump(0, 600)
         dump(1)
         time.sleep(600)  # ended by the launcher when rank 0 fails
     try:
@@ -47,10 +52,7 @@ def main() -> None:
     except RuntimeError as exc:
         print(f"rank 0: {type(exc).__name__}: timed out", flush=True)
         dump(0)
-        other = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "1")
-        deadline = time.monotonic() + 30
-        while not other.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)  # NCCL's rank also waits before it aborts (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC)
+        await_dump(1, 30)  # NCCL's rank also waits before it aborts (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC)
         if sys.argv[1:] == ["hold"]:
             time.sleep(600)
         sys.exit(1)

@@ -3,10 +3,11 @@ numbers; collectives of one number that differ; every rank level; what cannot be
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ddpboot.launch.stacks.behind import combined, finding, judge
-from ddpboot.launch.stacks.flight import PREFIX, Flight, RankTrace, parse
+from ddpboot.launch.stacks.flight import PREFIX, Flight, RankTrace, from_json, merge, parse, to_json
 from ddpboot.launch.stacks.verdict import Verdict
 from tests.unit.launch.stacks.flight_dumps import dump, entry, write
 
@@ -130,3 +131,23 @@ def test_the_stacks_verdict_keeps_its_ranks_and_gets_the_dumps_after_it() -> Non
     assert combined(Verdict("all 2 ranks wait in all_reduce", ()), f) == Verdict(
         f"all 2 ranks wait in all_reduce; flight recorder: {f.text}", (1,))
     assert combined(Verdict("x: look at rank 0", (0,)), f).look_at == (0,)
+
+
+def test_another_nodes_dumps_travel_in_compact_form_and_are_judged_with_this_nodes() -> None:
+    both = ranks_at({0: 5, 1: 4}, line=9)
+    node0, node1 = flight(both.ranks[0]), flight(both.ranks[1], problems=("nccl_trace_rank_3: empty",))
+    alone = judge(node0)
+    assert alone.kind == "level" and alone.look_at == () and alone.text.endswith("(no dump from rank 1)")
+    travelled = from_json(json.loads(json.dumps(to_json(node1))))
+    assert travelled == node1
+    together = judge(merge([node0, None, travelled]))
+    assert together == judge(merge([node0, node1]))
+    assert together.kind == "behind" and together.look_at == (1,) and "no dump from" not in together.text
+    assert together.text.endswith("unreadable: nccl_trace_rank_3: empty: look at rank 1")
+    assert merge([None, None]) is None
+
+
+def test_the_compact_form_keeps_each_groups_last_collectives() -> None:
+    trace = ranks_at({0: 40}).ranks[0]
+    kept = from_json(to_json(flight(trace), keep=3)).ranks[0].groups["0"]
+    assert [c.seq for c in kept.calls] == [38, 39, 40] and kept.last == trace.groups["0"].last

@@ -9,9 +9,12 @@ import pytest
 from ddpboot.contract import STACKS_END_LINE
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget
 from ddpboot.launch.stacks.dump import VERDICT_PREFIX, Dump, left_at
+from ddpboot.launch.stacks.flight import Flight
+from ddpboot.launch.stacks.flight import parse as parse_dump
 from ddpboot.launch.stacks.gather import NodeReport, decode, encode, key
 from ddpboot.launch.stacks.summary import Wait, classify, parse
 from ddpboot.launch.stacks.verdict import Left, Seen, judge, place, ranks_text
+from tests.unit.launch.stacks.flight_dumps import dump, entry
 from tests.unit.launch.stacks.samples import (
     FAULTHANDLER_DESTROY,
     FAULTHANDLER_ITEM,
@@ -211,3 +214,23 @@ def test_a_nodes_report_travels_through_the_store_whole() -> None:
     report = NodeReport(1, "node-b", (Seen(2, LOADING, 1), Seen(3, None, 1)), (Left(4, 1, "12:00:00", 3.5, 1),), 1e9)
     assert decode(encode(report)) == report
     assert key("job-7", 1) == "ddpboot/stacks/job-7/node1"
+
+
+def fr_rank(rank: int, last: int) -> Flight:
+    """One rank's flight recorder dump: all_reduce 1..last of a group of ranks 0 and 1, the last one started."""
+    return Flight({rank: parse_dump(rank, dump([entry(i, i + 1, state="completed" if i + 1 < last else "started")
+                                                for i in range(last)], {"0": ("default_pg", [0, 1])}))})
+
+
+def test_node_0s_verdict_compares_its_flight_recorder_dumps_with_the_other_nodes() -> None:
+    """Each rank dumps on its own node; node 1's report carries its dumps through the store to node 0."""
+    report = NodeReport(1, "node-b", (Seen(1, ALL_REDUCE, 1),), (), 1e9, fr_rank(1, 3))
+    assert decode(encode(report)) == report
+    stacks = [RankStack(RankTarget(0, 100, CPU, None), PYSPY_BARRIER, "py-spy")]
+    alone = Dump("SIGUSR2 from pid 1", stacks, 0.5, (), 2, node=0, flight=fr_rank(0, 4))
+    assert alone.flight_finding() is not None and "(no dump from rank 1)" in alone.verdict().text
+    whole = Dump("SIGUSR2 from pid 1", stacks, 0.5, (), 2, node=0, others=(decode(encode(report)),),
+                 flight=fr_rank(0, 4))
+    data = whole.to_json()
+    assert data["flight"]["kind"] == "behind" and data["flight"]["look_at"] == [1]
+    assert "; flight recorder: rank 1 is behind in process group 0 (default_pg)" in data["verdict"]
