@@ -56,7 +56,7 @@ from ddpboot.launch.options import (
     resolve_std,
     target_kind,
 )
-from ddpboot.launch.preflight import check_python, check_rank_count, check_target
+from ddpboot.launch.preflight import check_python, check_rank_count, check_target, temp_dir_note
 from ddpboot.launch.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     LinePrefix,
@@ -345,6 +345,9 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         if forked and not fast:
             notes.append(f"{'--warm' if o.warm else '--fast-start'} forks Python ranks; {o.script} is a program "
                          "(--no-python), so every rank starts with exec as usual")
+        deep = temp_dir_note(env)
+        if deep is not None:
+            notes.append(deep)
         return LaunchConfig(
             target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=planned.store_address,
             request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,

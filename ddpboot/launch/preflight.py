@@ -1,5 +1,5 @@
 """Checks made before anything starts: the program exists and can run, and this machine can hold the job (rank
-count, open files, listen queue).
+count, open files, listen queue), and a note where the temporary directory is too deep for Python's unix sockets.
 
 Each failure is a UsageError (exit 2, nothing started) naming what was asked, what exists and what to do. The
 module check finds the module the way `python -m` will, without importing it (importing a package's __init__ in
@@ -323,3 +323,27 @@ def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1, appl
         f"{fewer} the hard limit to at least {needed}: `ulimit -Hn {needed}` as root before "
         f"starting ddpboot, LimitNOFILE={needed} in a systemd unit, or a `nofile` line in /etc/security/limits.conf."
     )
+
+
+AF_UNIX_PATH_MAX = 107  # bytes of a unix socket's path on Linux (sun_path is 108 with its terminating NUL)
+MP_SOCKET_DEPTH = len("/pymp-XXXXXXXX/listener-XXXXXXXX")  # where multiprocessing puts its sockets below the tmp dir
+
+
+def temp_dir_note(env: Mapping[str, str]) -> str | None:
+    """A note when the ranks' temporary directory (TMPDIR, TEMP or TMP, the first set, as tempfile reads them) is
+    too long for the sockets Python's multiprocessing makes below it: a DataLoader worker that passes a tensor back
+    (torch shares its storage through multiprocessing's resource sharer) or a multiprocessing Manager then fails
+    with `OSError: AF_UNIX path too long`, and the rank waits for its batch for good (measured: both ranks of a
+    job with a 99-byte TMPDIR hung in their first batch under ddpboot and under torchrun alike)."""
+    name = next((n for n in ("TMPDIR", "TEMP", "TMP") if env.get(n)), None)
+    if name is None or not env[name].startswith("/"):
+        return None
+    base = env[name].rstrip("/") or "/"
+    longest = len(os.fsencode(base)) + MP_SOCKET_DEPTH
+    if longest <= AF_UNIX_PATH_MAX:
+        return None
+    return (f"{name}={base} is {len(os.fsencode(base))} bytes long: Python's multiprocessing puts its sockets "
+            f"{MP_SOCKET_DEPTH} bytes below it (pymp-*/listener-*), over the {AF_UNIX_PATH_MAX} bytes a unix "
+            "socket's path may have, so a DataLoader with workers or a multiprocessing Manager in a rank fails "
+            "with `AF_UNIX path too long` (a DataLoader then waits for its batch for good). Set TMPDIR to a "
+            f"directory of at most {AF_UNIX_PATH_MAX - MP_SOCKET_DEPTH} bytes, e.g. TMPDIR=/tmp")

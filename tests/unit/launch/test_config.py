@@ -174,6 +174,17 @@ def test_fast_start_of_a_program_is_a_note_not_an_error(tmp_path: Path) -> None:
     assert not config.fast_start and "every rank starts with exec" in config.notes[0]
 
 
+def test_a_temporary_directory_too_deep_for_unix_sockets_is_a_note(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("")
+    deep = "/scratch/" + "d" * 70  # 79 bytes: multiprocessing's sockets below it would take 111
+    config = build(RunOptions(script=str(script)), {"PATH": "/usr/bin:/bin", "TMPDIR": deep}, tmp_path)
+    assert [n for n in config.notes if n.startswith(f"TMPDIR={deep} is 79 bytes long")], config.notes
+    assert "directory of at most 75 bytes" in config.notes[-1]
+    fine = build(RunOptions(script=str(script)), {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp"}, tmp_path)
+    assert not fine.notes
+
+
 def test_refused_torchrun_options_say_what_to_use_instead() -> None:
     refuse_torchrun_options({option: None for option in REFUSED_TORCHRUN_OPTIONS})
     with pytest.raises(UsageError, match=r"^--event-log-handler x: .*stderr"):

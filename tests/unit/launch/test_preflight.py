@@ -10,9 +10,11 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import (
+    AF_UNIX_PATH_MAX,
     FDS_PER_RANK,
     FILES_MARGIN,
     MAX_LISTENERS,
+    MP_SOCKET_DEPTH,
     RANKS_PER_CORE,
     STORE_CONNECTIONS_PER_RANK,
     ListenQueue,
@@ -23,6 +25,7 @@ from ddpboot.launch.preflight import (
     is_module_name,
     listen_queue,
     open_files_needed,
+    temp_dir_note,
 )
 from ddpboot.launch.spec import Target
 
@@ -233,3 +236,14 @@ def test_a_listen_queue_that_cannot_hold_the_burst_names_the_sysctl_to_raise(tmp
     assert huge.sockets == MAX_LISTENERS and huge.note is not None
     assert f"its {MAX_LISTENERS} listening sockets" in huge.note
     assert f"sysctl -w net.core.somaxconn={-(-int(200_001 * 1.5) // MAX_LISTENERS)}" in huge.note
+
+
+def test_the_temporary_directory_is_measured_as_multiprocessing_uses_it() -> None:
+    """multiprocessing's listener lies MP_SOCKET_DEPTH bytes below the first of TMPDIR, TEMP, TMP that is set."""
+    limit = "/" + "t" * (AF_UNIX_PATH_MAX - MP_SOCKET_DEPTH - 1)  # a socket path of exactly AF_UNIX_PATH_MAX
+    assert temp_dir_note({"TMPDIR": limit}) is None and temp_dir_note({"TMPDIR": limit + "/"}) is None
+    assert temp_dir_note({"TMPDIR": limit + "x"}) is not None
+    assert temp_dir_note({"TMPDIR": "/tmp", "TEMP": limit + "x"}) is None  # tempfile takes TMPDIR first
+    assert (temp_dir_note({"TEMP": limit + "x"}) or "").startswith("TEMP=")
+    assert temp_dir_note({}) is None and temp_dir_note({"TMPDIR": "relative/" + "x" * 200}) is None
+    assert temp_dir_note({"TMPDIR": "/" + "é" * 38}) is not None  # bytes, not characters: 77 bytes
