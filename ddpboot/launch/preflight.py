@@ -339,10 +339,10 @@ def temp_dir_note(env: Mapping[str, str]) -> str | None:
     if name is None or not env[name].startswith("/"):
         return None
     base = env[name].rstrip("/") or "/"
-    longest = len(os.fsencode(base)) + MP_SOCKET_DEPTH
-    if longest <= AF_UNIX_PATH_MAX:
+    size = len(os.fsencode(base))
+    if size + MP_SOCKET_DEPTH <= AF_UNIX_PATH_MAX:
         return None
-    return (f"{name}={base} is {len(os.fsencode(base))} bytes long: Python's multiprocessing puts its sockets "
+    return (f"{name}={base} is {size} bytes long: Python's multiprocessing puts its sockets "
             f"{MP_SOCKET_DEPTH} bytes below it (pymp-*/listener-*), over the {AF_UNIX_PATH_MAX} bytes a unix "
             "socket's path may have, so a DataLoader with workers or a multiprocessing Manager in a rank fails "
             "with `AF_UNIX path too long` (a DataLoader then waits for its batch for good). Set TMPDIR to a "

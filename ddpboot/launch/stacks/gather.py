@@ -34,7 +34,7 @@ class NodeReport:
     seen: tuple[Seen, ...]
     left: tuple[Left, ...]
     at: float  # time.time() of the dump
-    flight: Flight | None = None  # the flight recorder's dumps of its ranks (flight.py), in to_json's compact form
+    flight: Flight | None = None  # its ranks' flight recorder dumps (flight.py); encode() keeps to_json's part
 
 
 def key(run_id: str, node: int) -> str:
