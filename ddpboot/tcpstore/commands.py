@@ -3,7 +3,8 @@ and answers (protocol.py has the wire format, server.py the connections).
 
 A handler reads every argument of its request before it changes anything: a request cut short raises NeedMore
 from the Reader and is run again, whole, once the rest has arrived. Answers are queued on the connection in the
-order torch's own server sends them; a new request type is one handler and one entry in COMMANDS.
+order torch's own server sends them; a new request type is one handler and one entry in COMMANDS, which also says
+the shape of its arguments (how the server finds where a request ends before it runs the handler).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from ddpboot.tcpstore.protocol import (
     ADD,
     APPEND,
+    BLOB,
     CANCEL_WAIT,
     CHECK,
     COMPARE_SET,
@@ -23,10 +25,12 @@ from ddpboot.tcpstore.protocol import (
     GET,
     GETNUMKEYS,
     I64,
+    KEYS,
     LIST_KEYS,
     MULTI_GET,
     MULTI_SET,
     NOT_READY,
+    PAIRS,
     PING,
     QUEUE_LEN,
     QUEUE_POP,
@@ -40,8 +44,10 @@ from ddpboot.tcpstore.protocol import (
     VALIDATION_MAGIC,
     WAIT,
     WAIT_CANCELED,
+    Framer,
     ProtocolError,
     Reader,
+    Shape,
     vec,
 )
 
@@ -53,10 +59,11 @@ class Connection:
 
     sock: socket.socket
     inbuf: bytearray = field(default_factory=bytearray)
-    need: int = 1  # bytes inbuf must hold before the next request is worth parsing
+    frame: Framer | None = None  # where the unfinished request in inbuf ends, found as it arrives
     outbuf: bytearray = field(default_factory=bytearray)
     waiting: set[bytes] = field(default_factory=set)
-    writing: bool = False  # registered for EVENT_WRITE too: answers wait for room in the socket's send buffer
+    events: int = 0  # what its socket is registered for in the server's epoll
+    held_back: bool = False  # its requests wait until its answers have left (server.OUT_LIMIT)
 
     def answer(self, data: bytes) -> None:
         self.outbuf += data
@@ -77,13 +84,13 @@ class KeyValues:
 
     def execute(self, query: int, conn: Connection, args: Reader) -> None:
         """Run request `query` of `conn`, its arguments read from `args`; ProtocolError for an unknown type."""
-        handler = COMMANDS.get(query)
-        if handler is None:
+        command = COMMANDS.get(query)
+        if command is None:
             raise ProtocolError(
                 f"request type {query} is newer than this store speaks (torch's TCPStore protocol up to "
                 f"LIST_KEYS={LIST_KEYS}); run the job with `--store torch` to use torch's own store server"
             )
-        handler(self, conn, args)
+        command[0](self, conn, args)
 
     def clear(self) -> None:
         self.data.clear()
@@ -128,7 +135,8 @@ Handler = Callable[[KeyValues, Connection, Reader], None]
 def _validate(kv: KeyValues, conn: Connection, args: Reader) -> None:
     magic = args.u32()
     if magic != VALIDATION_MAGIC:
-        raise ProtocolError(f"a client sent validation number {magic:#x}, not torch's {VALIDATION_MAGIC:#x}")
+        raise ProtocolError(f"a client sent validation number {magic:#x}, not torch's {VALIDATION_MAGIC:#x}",
+                            "validation")
 
 
 def _ping(kv: KeyValues, conn: Connection, args: Reader) -> None:
@@ -212,7 +220,7 @@ def _multi_get(kv: KeyValues, conn: Connection, args: Reader) -> None:
 
 
 def _multi_set(kv: KeyValues, conn: Connection, args: Reader) -> None:
-    pairs = [(args.blob(), args.blob()) for _ in range(args.count("a MULTI_SET", "keys"))]
+    pairs = [(args.blob(), args.blob()) for _ in range(args.count("a MULTI_SET"))]
     for key, value in pairs:
         kv.data[key] = value
     for key, _ in pairs:
@@ -239,23 +247,25 @@ def _list_keys(kv: KeyValues, conn: Connection, args: Reader) -> None:
     conn.answer(I64.pack(len(keys)) + b"".join(vec(k) for k in keys))
 
 
-COMMANDS: dict[int, Handler] = {
-    VALIDATE: _validate,
-    SET: _set,
-    COMPARE_SET: _compare_set,
-    GET: _get,
-    ADD: _add,
-    CHECK: _check,
-    WAIT: _wait,
-    GETNUMKEYS: _num_keys,
-    DELETE_KEY: _delete_key,
-    APPEND: _append,
-    MULTI_GET: _multi_get,
-    MULTI_SET: _multi_set,
-    CANCEL_WAIT: _cancel_wait,
-    PING: _ping,
-    QUEUE_PUSH: _queue_push,
-    QUEUE_POP: _queue_pop,
-    QUEUE_LEN: _queue_len,
-    LIST_KEYS: _list_keys,
+# Each request type's handler, and the shape of its arguments (protocol.Framer): they read the same fields.
+COMMANDS: dict[int, tuple[Handler, Shape]] = {
+    VALIDATE: (_validate, (U32.size,)),
+    SET: (_set, (BLOB, BLOB)),
+    COMPARE_SET: (_compare_set, (BLOB, BLOB, BLOB)),
+    GET: (_get, (BLOB,)),
+    ADD: (_add, (BLOB, I64.size)),
+    CHECK: (_check, (KEYS,)),
+    WAIT: (_wait, (KEYS,)),
+    GETNUMKEYS: (_num_keys, ()),
+    DELETE_KEY: (_delete_key, (BLOB,)),
+    APPEND: (_append, (BLOB, BLOB)),
+    MULTI_GET: (_multi_get, (KEYS,)),
+    MULTI_SET: (_multi_set, (PAIRS,)),
+    CANCEL_WAIT: (_cancel_wait, ()),
+    PING: (_ping, (U32.size,)),
+    QUEUE_PUSH: (_queue_push, (BLOB, BLOB)),
+    QUEUE_POP: (_queue_pop, (BLOB,)),
+    QUEUE_LEN: (_queue_len, (BLOB,)),
+    LIST_KEYS: (_list_keys, ()),
 }
+SHAPES: dict[int, Shape] = {code: shape for code, (_, shape) in COMMANDS.items()}

@@ -13,6 +13,11 @@ Only the job's owner and root may use the store: a loopback connection of any ot
 accepted, before a byte of it is read (owner.py; docs/security.md). With an allow-list (the job's hosts under SLURM,
 or --store-allow), a connection from an address outside it is closed the same way (allow.py).
 
+Limits: one request at most protocol.MAX_REQUEST bytes, the unfinished requests of all connections together at most
+MAX_BUFFERED (beyond it the connection holding the most is closed), and a connection whose answers wait unsent
+beyond OUT_LIMIT has its next requests wait (it is not read) until they have left. A request that arrives over many
+reads is run once, whole, when a protocol.Framer says it has all arrived: never parsed again from its start.
+
 The server listens on a socket the launcher bound itself (loopback, no port race) and lives in the guardian
 process (launch/procs/guardian.py), so it serves every restart of the group; `reset()` empties it between attempts,
 as torchrun gives each attempt a fresh store (stale keys of a dead attempt would otherwise be read by the next one,
@@ -32,14 +37,16 @@ from collections.abc import Callable
 
 from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AddressGate, AllowList
-from ddpboot.tcpstore.commands import Connection, KeyValues
+from ddpboot.tcpstore.commands import SHAPES, Connection, KeyValues
 from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
-from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader
+from ddpboot.tcpstore.protocol import Framer, NeedMore, ProtocolError, Reader
 
 TRACE_VAR = "DDPBOOT_STORE_TRACE"
 ACCEPT_BATCH = 4096  # connections accepted, then judged together, before other clients are served again
 ACCEPT_EVERY = 256  # ready clients served between two looks at the listen queue
 READY_BATCH = 4096  # ready sockets taken from the server's own epoll per handle()
+MAX_BUFFERED = 256 << 20  # bytes of unfinished requests that all connections together may hold
+OUT_LIMIT = 1 << 20  # bytes of unsent answers beyond which a connection's next requests wait
 
 
 class StoreServer:
@@ -82,6 +89,7 @@ class StoreServer:
             self.poll.register(fd, select.EPOLLIN)
         self.store = KeyValues(wake=self._flush)
         self.clients: dict[int, Connection] = {}
+        self.buffered = 0  # bytes held in every connection's inbuf
         self.warn = warn or (lambda msg: print(f"ddpboot: store: {msg}", file=sys.stderr, flush=True))
         self._warned: set[str] = set()
         allowed = resolve_allowed_uids(allowed_uids)
@@ -124,7 +132,7 @@ class StoreServer:
                 continue
             if ready & select.EPOLLOUT:
                 self._flush(client)
-            if ready & ~select.EPOLLOUT and fd in self.clients:  # data, or the peer's hang-up or an error
+            if ready & ~select.EPOLLOUT and fd in self.clients and not client.held_back:  # data, hang-up, error
                 self._read(client)
 
     def reset(self) -> None:
@@ -168,7 +176,7 @@ class StoreServer:
                 continue
             sock.setblocking(False)
             fd = sock.fileno()
-            self.clients[fd] = Connection(sock)
+            self.clients[fd] = Connection(sock, events=select.EPOLLIN)
             self.poll.register(fd, select.EPOLLIN)
 
     def _admit(self, socks: list[socket.socket]) -> list[bool]:
@@ -181,6 +189,8 @@ class StoreServer:
 
     def _drop(self, client: Connection) -> None:
         self.store.unpark(client)
+        self.buffered -= len(client.inbuf)
+        client.inbuf.clear()
         fd = client.sock.fileno()
         if fd >= 0:
             with contextlib.suppress(OSError, ValueError):
@@ -200,29 +210,58 @@ class StoreServer:
             self._drop(client)
             return
         # Requests are parsed where they landed; only an unfinished one is kept, in the connection's inbuf.
-        pending = bool(client.inbuf)
-        if pending:
-            client.inbuf += self._received_view[:size]
-        data = client.inbuf if pending else self._received_view[:size]
+        if not client.inbuf:
+            served = self._take(client, self._received_view[:size])
+        else:
+            served = self._keep(client, self._received_view[:size]) and self._take(client, client.inbuf)
+        if served:
+            self._flush(client)
+
+    def _take(self, client: Connection, data: bytearray | memoryview) -> bool:
+        """Run every whole request at the start of `data` while the connection's answers may still grow; keep what
+        is left in its inbuf. False when the connection was closed (a request it may not send)."""
         reader = Reader(data)
-        while len(data) - reader.pos >= client.need:
-            start = reader.pos
-            try:
-                self._execute(client, reader, start)
-            except NeedMore as more:
-                reader.pos = start
-                client.need = more.total - start
-                break
-            except ProtocolError as exc:
-                self._warn_once(str(exc), f"closing a client connection: {exc}")
-                self._drop(client)
-                return
-            client.need = 1
-        if pending:
+        try:
+            while reader.pos < len(data):
+                if len(client.outbuf) > OUT_LIMIT:
+                    client.held_back = True
+                    break
+                start = reader.pos
+                if client.frame is not None:  # the rest of a request that arrived cut short
+                    if client.frame.end(data, start) is None:
+                        break
+                    client.frame = None
+                try:
+                    self._execute(client, reader, start)
+                except NeedMore:
+                    reader.pos = start
+                    client.frame = Framer(SHAPES)
+                    client.frame.end(data, start)  # reads the lengths there are, and checks them
+                    break
+        except ProtocolError as exc:
+            self._warn_once(exc.kind, f"closing a client connection: {exc}")
+            self._drop(client)
+            return False
+        if data is client.inbuf:
             del client.inbuf[: reader.pos]
-        elif reader.pos < size:
-            client.inbuf += data[reader.pos :]
-        self._flush(client)
+            self.buffered -= reader.pos
+            return True
+        return reader.pos == len(data) or self._keep(client, data[reader.pos :])
+
+    def _keep(self, client: Connection, data: bytearray | memoryview) -> bool:
+        """Add `data` to the connection's unfinished request; False when the connection was closed to keep every
+        connection's unfinished requests within MAX_BUFFERED (the one that holds the most is closed)."""
+        while self.buffered + len(data) > MAX_BUFFERED:
+            largest = max(self.clients.values(), key=lambda c: len(c.inbuf) + (len(data) if c is client else 0))
+            self._warn_once(
+                "buffered", f"closing a client connection: the unfinished requests of all connections would hold "
+                f"more than {MAX_BUFFERED >> 20} MiB, and it holds the most ({len(largest.inbuf)} bytes)")
+            self._drop(largest)
+            if largest is client:
+                return False
+        client.inbuf += data
+        self.buffered += len(data)
+        return True
 
     def _execute(self, client: Connection, reader: Reader, start: int) -> None:
         """Run the request at `start` in `reader` (NeedMore when it has not all arrived yet)."""
@@ -234,22 +273,29 @@ class StoreServer:
         self.store.execute(query, client, reader)
 
     def _flush(self, client: Connection) -> None:
-        if client.sock.fileno() < 0:
-            return
-        while client.outbuf:
-            try:
-                sent = client.sock.send(client.outbuf)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._drop(client)
+        """Send what the connection's answers hold; run its held-back requests once they may go on."""
+        while True:
+            if client.sock.fileno() < 0:
                 return
-            del client.outbuf[:sent]
-        writing = bool(client.outbuf)
-        if writing != client.writing:  # the selector is asked to change only when this changes
-            client.writing = writing
+            while client.outbuf:
+                try:
+                    sent = client.sock.send(client.outbuf)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    self._drop(client)
+                    return
+                del client.outbuf[:sent]
+            if not client.held_back or len(client.outbuf) > OUT_LIMIT:
+                break
+            client.held_back = False
+            if not self._take(client, client.inbuf):
+                return
+        events = (0 if client.held_back else select.EPOLLIN) | (select.EPOLLOUT if client.outbuf else 0)
+        if events != client.events:  # the epoll is asked to change only when this changes
+            client.events = events
             with contextlib.suppress(OSError, ValueError):
-                self.poll.modify(client.sock.fileno(), select.EPOLLIN | (select.EPOLLOUT if writing else 0))
+                self.poll.modify(client.sock.fileno(), events)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

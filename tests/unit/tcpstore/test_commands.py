@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from ddpboot.tcpstore import protocol as p
-from ddpboot.tcpstore.commands import Connection, KeyValues
-from ddpboot.tcpstore.protocol import NeedMore, ProtocolError, Reader, vec, vecs
+from ddpboot.tcpstore.commands import COMMANDS, SHAPES, Connection, KeyValues
+from ddpboot.tcpstore.protocol import Framer, NeedMore, ProtocolError, Reader, vec, vecs
 
 
 @pytest.fixture
@@ -150,3 +150,40 @@ def test_a_rank_joined_once_a_torch_client_wrote_a_key(conns: tuple[Connection, 
     assert s.kv.joined
     s.kv.clear()  # a restart empties the store, but the job did join
     assert s.kv.joined
+
+
+def _examples() -> dict[int, bytes]:
+    """One request of each type, as torch's client sends it (its keys exist: every handler runs to its end)."""
+    return {
+        p.VALIDATE: req(p.VALIDATE, struct.pack("=I", p.VALIDATION_MAGIC)),
+        p.SET: req(p.SET, vec(b"k"), vec(b"12")),
+        p.COMPARE_SET: req(p.COMPARE_SET, vec(b"k"), vec(b"12"), vec(b"13")),
+        p.GET: req(p.GET, vec(b"k")),
+        p.ADD: req(p.ADD, vec(b"k"), i64(2)),
+        p.CHECK: req(p.CHECK, vecs([b"k", b"k"])),
+        p.WAIT: req(p.WAIT, vecs([b"k"])),
+        p.GETNUMKEYS: req(p.GETNUMKEYS),
+        p.DELETE_KEY: req(p.DELETE_KEY, vec(b"gone")),
+        p.APPEND: req(p.APPEND, vec(b"k"), vec(b"0")),
+        p.MULTI_GET: req(p.MULTI_GET, vecs([b"k", b"k"])),
+        p.MULTI_SET: req(p.MULTI_SET, struct.pack("=Q", 2), vec(b"a"), vec(b"1"), vec(b"b"), vec(b"")),
+        p.CANCEL_WAIT: req(p.CANCEL_WAIT),
+        p.PING: req(p.PING, struct.pack("=I", 7)),
+        p.QUEUE_PUSH: req(p.QUEUE_PUSH, vec(b"q"), vec(b"item")),
+        p.QUEUE_POP: req(p.QUEUE_POP, vec(b"q")),
+        p.QUEUE_LEN: req(p.QUEUE_LEN, vec(b"q")),
+        p.LIST_KEYS: req(p.LIST_KEYS),
+    }
+
+
+def test_each_request_types_shape_reads_what_its_handler_reads(conns: tuple[Connection, Connection]) -> None:
+    """COMMANDS' shapes against their handlers: the framer ends each example request where the handler stops
+    reading it, and says it is unfinished one byte short of that."""
+    c, _ = conns
+    s = Store()
+    examples = _examples()
+    assert set(examples) == set(COMMANDS)
+    for code, request in examples.items():
+        s.run(c, request)  # asserts that the handler read the whole request
+        assert Framer(SHAPES).end(bytearray(request), 0) == len(request), code
+        assert Framer(SHAPES).end(bytearray(request[:-1]), 0) is None, code
