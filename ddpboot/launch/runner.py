@@ -36,6 +36,7 @@ from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import GpuLocks, current_holders, lock_dir
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import Request
+from ddpboot.tcpstore.owner import ensure_owner_check
 
 if TYPE_CHECKING:
     from ddpboot.launch.faststart import FastStartProcess
@@ -141,6 +142,15 @@ def check_capacity(nodes: NodeSetup, plan: Plan, store: StoreBackend, apply: boo
     return listen_queue(served, nodes.nnodes, store)
 
 
+def _ensure_owner_check(config: LaunchConfig, nodes: NodeSetup) -> None:
+    """Where this node may serve the workers' store (node 0; any node of an elastic job, on its --local-addr), that
+    store must be able to tell its owner's loopback connections from other users' (tcpstore/owner.py)."""
+    if nodes.elastic:
+        ensure_owner_check(nodes.master_addr, config.store)
+    elif nodes.node_rank == 0:
+        ensure_owner_check(config.store_address.bind_addr, config.store)
+
+
 def plan_only(config: PlanConfig) -> Plan:
     """`ddpboot plan`: the plan a run with these options would get now, refused where the run would refuse it."""
     plan = preview_plan(config.request, config.nodes, config.env)
@@ -153,6 +163,7 @@ def dry_run(config: LaunchConfig) -> tuple[Plan, LaunchSpec]:
     GPUs, and nothing started."""
     plan = preview_plan(config.request, config.nodes, config.env)
     check_capacity(config.nodes, plan, config.store, apply=False)
+    _ensure_owner_check(config, config.nodes)
     if config.store_address.port and config.nodes.node_rank == 0:  # a port in use is reported now, as the launch
         bind_node_store(config.nodes, config.store_address).close()
     return plan, launch_spec(config, plan)
@@ -261,6 +272,7 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         if counted:
             say(f"note: {counted}")
         spec = launch_spec(config, plan)
+        _ensure_owner_check(config, nodes)
         if nodes.elastic:  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
             from ddpboot.launch.elastic import run_elastic
 

@@ -7,9 +7,14 @@ allowed uid; anything else, including a client whose socket is already gone, is 
 byte. Connections from other addresses (the other nodes of a multi-node job) are not judged here: allow.py
 checks them against the job's hosts where those are known.
 
-Where the kernel's tables cannot be read at all (a sandbox without sock_diag netlink and without /proc/net), no
-connection's owner can be known; refusing them all would make every job hang at its rendezvous, so the store then
-serves every connection, as it did before the check, and says so once.
+The check fails closed: a loopback connection is served only once its owner is known to be allowed.
+- A lookup that fails for now (no free file descriptor, no kernel memory: peer.LookupFailed) decides nothing: its
+  connections are held, unread, and judged again later (`admit_many` answers None for them).
+- Where the kernel's tables cannot be read at all (a sandbox without sock_diag netlink and without /proc/net), no
+  connection's owner can be known and every loopback connection is refused, with one warning. Serving them all
+  instead would open the store to every user of the machine; refusing them would leave the job's ranks waiting
+  at their rendezvous, so the launcher asks first (`tables_unusable`, before the store listens) and refuses such a
+  job with a message (launch/runner.py), `--store torch` (torch's server, which checks no uid) being the way out.
 
 docs/security.md describes the guarantee and its measured cost.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import ipaddress
 import os
 import pwd
 import socket
@@ -26,8 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpboot.errors import PlanError
+from ddpboot.tcpstore.address import is_loopback
 from ddpboot.tcpstore.allow import plain_address
-from ddpboot.tcpstore.peer import Endpoint, SocketEntry, SocketTables, TablesUnavailable
+from ddpboot.tcpstore.peer import Endpoint, LookupFailed, SocketEntry, SocketTables, TablesUnavailable
 
 ROOT = 0
 PID_SEARCH_SECONDS = 0.2  # the most one refusal spends looking for the client's process in /proc
@@ -128,20 +136,25 @@ def refusal_message(verdict: Verdict, peer: Endpoint, allowed: frozenset[int], p
 class OwnerGate:
     """Admits or refuses each accepted connection; each refused uid is reported once through `warn`."""
 
-    def __init__(self, allowed: frozenset[int], warn: Callable[[str], None]) -> None:
+    def __init__(
+        self, allowed: frozenset[int], warn: Callable[[str], None], tables: SocketTables | None = None
+    ) -> None:
         self.allowed = allowed
         self.warn = warn
-        self.tables = SocketTables()
+        self.tables = tables or SocketTables()
+        self.tables.open()  # its file descriptor is held from now on
         self.reported: set[int | None] = set()
         self.blind = False  # the kernel's tables cannot be read here (reported once)
+        self.failed: set[int | None] = set()  # errnos of lookups that failed for now (each reported once)
 
-    def admit(self, sock: socket.socket) -> bool:
-        """Whether `sock` (just accepted) may be served; the caller closes it when not."""
+    def admit(self, sock: socket.socket) -> bool | None:
+        """Whether `sock` (just accepted) may be served (None: cannot tell yet); the caller closes it when not."""
         return self.admit_many([sock])[0]
 
-    def admit_many(self, socks: Sequence[socket.socket]) -> list[bool]:
-        """`admit` for each socket of a burst accepted together: their owners are looked up in one batch."""
-        verdicts = [True] * len(socks)
+    def admit_many(self, socks: Sequence[socket.socket]) -> list[bool | None]:
+        """`admit` for each socket of a burst accepted together: their owners are looked up in one batch. None for
+        a loopback connection whose owner cannot be looked up now: the caller holds it, unread, and asks again."""
+        verdicts: list[bool | None] = [True] * len(socks)
         asked: list[int] = []  # indexes of the loopback connections, whose owner decides
         ends: list[tuple[Endpoint, Endpoint]] = []  # (the client's side, ours) of each
         for index, sock in enumerate(socks):
@@ -157,11 +170,18 @@ class OwnerGate:
             return verdicts
         try:
             found = self.tables.find_many(ends)
+        except LookupFailed as exc:
+            if exc.errno not in self.failed:
+                self.failed.add(exc.errno)
+                self.warn(f"cannot look up which user a connection comes from just now ({exc.strerror}); "
+                          "such connections wait, unread, until it can be known")
+            return _decided(verdicts, asked, None)
         except TablesUnavailable as exc:
             if not self.blind:
                 self.blind = True
-                self.warn(f"cannot tell which user a connection comes from ({exc}); serving every local connection")
-            return verdicts
+                self.warn(f"cannot tell which user a connection comes from ({exc}); refusing every local "
+                          "connection (docs/security.md)")
+            return _decided(verdicts, asked, False)
         for index, (peer, _), entry in zip(asked, ends, found, strict=True):
             verdict = judge(entry, self.allowed)
             if not verdict.allowed:
@@ -173,3 +193,58 @@ class OwnerGate:
 
     def close(self) -> None:
         self.tables.close()
+
+
+def _decided(verdicts: list[bool | None], indexes: list[int], verdict: bool | None) -> list[bool | None]:
+    for index in indexes:
+        verdicts[index] = verdict
+    return verdicts
+
+
+def tables_unusable(tables: SocketTables | None = None) -> str | None:
+    """Why the owner check cannot work here, or None when it can: a loopback connection of this process, made for
+    the test, must be found in the kernel's tables as this uid's. A lookup that fails for now says nothing."""
+    tables = tables or SocketTables()
+    try:
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            with socket.create_connection(listener.getsockname()[:2]) as client:
+                entry = tables.find(client.getsockname()[:2], listener.getsockname()[:2])
+    except LookupFailed:
+        return None
+    except TablesUnavailable as exc:
+        return str(exc)
+    except OSError:  # no loopback to test it on: nothing could reach a loopback store either
+        return None
+    finally:
+        tables.close()
+    if entry is None or not entry.owner_known or entry.uid != os.getuid():
+        return "the kernel's socket tables do not show this process's own loopback connection as its own"
+    return None
+
+
+
+def takes_loopback(bind_addr: str) -> bool:
+    """Whether a store listening on `bind_addr` can be reached from a loopback address (the uid rule's domain)."""
+    if is_loopback(bind_addr):
+        return True
+    try:
+        return ipaddress.ip_address(bind_addr.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def ensure_owner_check(bind_addr: str, backend: str) -> None:
+    """Refuse, before the store listens, a job whose store (ddpboot's, reachable from loopback) could not tell its
+    owner's connections from other users'; PlanError saying why and what to do."""
+    if backend != "python" or not takes_loopback(bind_addr):
+        return
+    why = tables_unusable()
+    if why is not None:
+        raise PlanError(
+            f"the job's store on {bind_addr} cannot tell which user a local connection comes from here ({why}), so "
+            "it cannot keep this machine's other users out of the job's rendezvous. Run where sock_diag netlink "
+            "(NETLINK_SOCK_DIAG) or /proc/net/tcp can be read, or give --store torch: torch's own store server, "
+            "which checks no user (every local user can then use it)."
+        )

@@ -9,9 +9,11 @@ address:port is the accepted socket's own address. Two ways to find it:
   module searches; the cost grows with the number of sockets (docs/security.md has the measurements).
 
 Netlink is asked first; where it cannot be opened or answers with an error other than "no such socket" (some
-sandboxes), the /proc tables are read instead. A full receive buffer (ENOBUFS: more answers to one datagram than the
-socket holds) is not such an error: the answers that were dropped are asked again in smaller datagrams. Both ways
-report the uid that created the socket. Where neither can be read, TablesUnavailable says so (owner.py then decides).
+sandboxes), the /proc tables are read instead, for good. A full receive buffer (ENOBUFS: more answers to one datagram
+than the socket holds) is not such an error: the answers that were dropped are asked again in smaller datagrams. Nor
+is a failure that says nothing about netlink itself (no free file descriptor, no kernel memory: TRANSIENT): that
+lookup raises LookupFailed, and the next one asks netlink again. Both ways report the uid that created the socket.
+Where neither can be read, TablesUnavailable says so (owner.py then decides).
 
 After a client closes, the kernel may replace its socket by a small "timewait" record (states FIN_WAIT2 and
 TIME_WAIT) that reports uid 0 and inode 0 whoever owned the socket: `SocketEntry.owner_known` is False for those
@@ -54,10 +56,16 @@ NETLINK_TIMEOUT = 1.0  # seconds; the kernel answers in microseconds, so a silen
 NETLINK_BATCH = 64
 
 _WORD = struct.Struct("=I")  # /proc/net/tcp* print each 32-bit word of an address as the host reads it
+# Errors that say the process (or the machine) lacks a resource for now, not that a table is missing here.
+TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
 
 
 class TablesUnavailable(OSError):
     """Neither sock_diag netlink nor /proc/net/tcp{,6} can be read here: no socket's owner can be known."""
+
+
+class LookupFailed(OSError):
+    """The tables could not be read just now (TRANSIENT: e.g. no free file descriptor); a later lookup may work."""
 
 
 @dataclass(frozen=True)
@@ -224,26 +232,44 @@ class SocketTables:
         if not self.netlink_broken:
             try:
                 return self.find_many_by_netlink(pairs)
-            except OSError:
+            except OSError as exc:
+                if exc.errno in TRANSIENT:
+                    raise LookupFailed(exc.errno, f"sock_diag netlink: {exc.strerror or exc}") from exc
                 self.netlink_broken = True
                 self.close()
-        return [self.find_in_proc(local, remote) for local, remote in pairs]
+        return self.find_many_in_proc(pairs)
+
+    def open(self) -> None:
+        """Open the netlink socket now, so that the file descriptor it needs is held from the start (a lookup
+        under a full file table then still works); a netlink that cannot be opened here is given up for /proc."""
+        if self.netlink is not None or self.netlink_broken:
+            return
+        try:
+            self._netlink()
+        except OSError as exc:
+            if exc.errno not in TRANSIENT:
+                self.netlink_broken = True
+
+    def _netlink(self) -> socket.socket:
+        if self.netlink is None:
+            netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+            netlink.settimeout(NETLINK_TIMEOUT)
+            self.netlink = netlink
+        return self.netlink
 
     def find_by_netlink(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
         return self.find_many_by_netlink([(local, remote)])[0]
 
     def find_many_by_netlink(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
-        if self.netlink is None:
-            self.netlink = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
-            self.netlink.settimeout(NETLINK_TIMEOUT)
+        netlink = self._netlink()
         found: list[SocketEntry | None] = [None] * len(pairs)
         pending = list(range(len(pairs)))
         while pending:
             asked, pending = pending[: self.batch], pending[self.batch :]
-            dropped = self._ask(self.netlink, pairs, asked, found)
+            dropped = self._ask(netlink, pairs, asked, found)
             if dropped:
-                if self.batch == 1:  # one answer does not fit: no batch size helps
-                    raise OSError(errno.ENOBUFS, "sock_diag: one answer overflows the netlink receive buffer")
+                if self.batch == 1:  # one answer does not fit: no batch size helps (not TRANSIENT: for good)
+                    raise OSError(errno.EMSGSIZE, "sock_diag: one answer overflows the netlink receive buffer")
                 self.batch = max(1, self.batch // 2)
                 pending = dropped + pending
         return found
@@ -290,20 +316,34 @@ class SocketTables:
         return list(asked.values())
 
     def find_in_proc(self, local: Endpoint, remote: Endpoint) -> SocketEntry | None:
-        read = 0
-        for family in proc_families(local):
-            name = "tcp" if family == socket.AF_INET else "tcp6"
-            try:
-                table = (self.proc_net / name).read_text()
-            except OSError:  # no IPv6 in this kernel, or no /proc
-                continue
-            read += 1
-            entry = find_in_proc_table(table, family, local, remote)
-            if entry is not None:
-                return entry
-        if not read:
+        return self.find_many_in_proc([(local, remote)])[0]
+
+    def find_many_in_proc(self, pairs: Sequence[tuple[Endpoint, Endpoint]]) -> list[SocketEntry | None]:
+        """`find` for each pair in /proc/net/tcp and tcp6, each table read once for them all."""
+        tables: dict[int, str | None] = {}
+
+        def table(family: int) -> str | None:
+            if family not in tables:
+                name = "tcp" if family == socket.AF_INET else "tcp6"
+                try:
+                    tables[family] = (self.proc_net / name).read_text()
+                except OSError as exc:
+                    if exc.errno in TRANSIENT:
+                        raise LookupFailed(exc.errno, f"{self.proc_net / name}: {exc.strerror or exc}") from exc
+                    tables[family] = None  # no IPv6 in this kernel, or no /proc
+            return tables[family]
+
+        found: list[SocketEntry | None] = []
+        for local, remote in pairs:
+            entry = None
+            for family in proc_families(local):
+                text = table(family)
+                if text is not None and (entry := find_in_proc_table(text, family, local, remote)) is not None:
+                    break
+            found.append(entry)
+        if tables and not any(text is not None for text in tables.values()):
             raise TablesUnavailable(f"cannot read {self.proc_net}/tcp or tcp6, and sock_diag netlink does not answer")
-        return None
+        return found
 
     def close(self) -> None:
         if self.netlink is not None:

@@ -11,7 +11,8 @@ on the same socket) as the way out.
 
 Only the job's owner and root may use the store: a loopback connection of any other uid is closed as it is
 accepted, before a byte of it is read (owner.py; docs/security.md). With an allow-list (the job's hosts under SLURM,
-or --store-allow), a connection from an address outside it is closed the same way (allow.py).
+or --store-allow), a connection from an address outside it is closed the same way (allow.py). How many connections
+are accepted at once, and what a full open-file table does, is intake.py's.
 
 Limits: one request at most protocol.MAX_REQUEST bytes, the unfinished requests of all connections together at most
 MAX_BUFFERED (beyond it the connection holding the most is closed), and a connection whose answers wait unsent
@@ -38,11 +39,11 @@ from collections.abc import Callable
 from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AddressGate, AllowList
 from ddpboot.tcpstore.commands import SHAPES, Connection, KeyValues
+from ddpboot.tcpstore.intake import Intake
 from ddpboot.tcpstore.owner import Allow, OwnerGate, resolve_allowed_uids
 from ddpboot.tcpstore.protocol import Framer, NeedMore, ProtocolError, Reader
 
 TRACE_VAR = "DDPBOOT_STORE_TRACE"
-ACCEPT_BATCH = 4096  # connections accepted, then judged together, before other clients are served again
 ACCEPT_EVERY = 256  # ready clients served between two looks at the listen queue
 READY_BATCH = 4096  # ready sockets taken from the server's own epoll per handle()
 MAX_BUFFERED = 256 << 20  # bytes of unfinished requests that all connections together may hold
@@ -55,8 +56,9 @@ class StoreServer:
     The server watches its listener and every client in an epoll of its own; `register()` adds that one epoll to
     the caller's selector, and the caller passes every ready key whose `data` is this server to `handle()`, which
     serves whatever is ready, the listen queue first (so the server, not the caller's loop, decides when
-    connections are accepted). Single-threaded: requests are answered in arrival order, and a WAIT is parked until
-    its keys exist.
+    connections are accepted). The caller also calls `handle()` once `timeout()` seconds have passed with nothing
+    ready (connections held until their owner is known, a full table's listen queue to look at again).
+    Single-threaded: requests are answered in arrival order, and a WAIT is parked until its keys exist.
 
     `allowed_uids`: the uids whose loopback connections are served; by default the server process's own uid and
     root (0). None turns the check off (only for tests of a store open to every local user).
@@ -84,7 +86,6 @@ class StoreServer:
         self.sel: selectors.BaseSelector | None = None
         self.poll = select.epoll()
         self.listen_fds = {sock.fileno(): sock for sock in self.listeners}
-        self._first_listener = 0  # where the next _accept starts: each socket of a group goes first in turn
         for fd in self.listen_fds:
             self.poll.register(fd, select.EPOLLIN)
         self.store = KeyValues(wake=self._flush)
@@ -98,6 +99,7 @@ class StoreServer:
         # DDPBOOT_STORE_TRACE=FILE: one line per request (type and first bytes), to diagnose a client that hangs.
         trace = os.environ.get(TRACE_VAR)
         self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
+        self.intake = Intake(self.listeners, self.poll, self._admit, self.warn, lambda: len(self.clients))
 
     @property
     def joined(self) -> bool:
@@ -115,6 +117,10 @@ class StoreServer:
         self.sel = sel
         sel.register(self.poll.fileno(), selectors.EVENT_READ, self)
 
+    def timeout(self) -> float | None:
+        """Seconds after which `handle()` has work though nothing is ready (None: none planned)."""
+        return self.intake.timeout()
+
     def handle(self, key: selectors.SelectorKey | None = None, events: int = 0) -> None:
         """Serve what is ready now: new connections, requests, room to send answers (never blocks).
 
@@ -122,7 +128,7 @@ class StoreServer:
         at once, a queue left full makes the kernel drop their handshakes (each dropped one costs its client a
         retransmission, a second or more), whereas a request that waits a little costs nothing more."""
         ready_now = self.poll.poll(0, READY_BATCH)
-        if any(fd in self.listen_fds for fd, _ in ready_now):
+        if self.intake.due() or any(fd in self.listen_fds for fd, _ in ready_now):
             self._accept()
         for count, (fd, ready) in enumerate(ready_now, 1):
             if count % ACCEPT_EVERY == 0:
@@ -143,6 +149,7 @@ class StoreServer:
 
     def close(self) -> None:
         self.reset()
+        self.intake.close()
         if self.sel is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.poll.fileno())
@@ -154,38 +161,21 @@ class StoreServer:
     # --- connections -----------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        """Take every connection waiting in the listen queues (up to ACCEPT_BATCH), then judge them together: a
-        burst of ranks connecting at once leaves the queues quickly, so that fewer of their handshakes are dropped
-        while one is full (each dropped one costs its client a retransmission, a second or more)."""
-        accepted: list[socket.socket] = []
-        first = self._first_listener
-        self._first_listener = (first + 1) % len(self.listeners)
-        for listener in self.listeners[first:] + self.listeners[:first]:  # no queue waits behind a full batch twice
-            while len(accepted) < ACCEPT_BATCH:
-                try:
-                    sock, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                    self._warn_once("accept", f"cannot accept a connection: {exc}")
-                    break
-                accepted.append(sock)
-        for sock, admitted in zip(accepted, self._admit(accepted), strict=True):
-            if not admitted:
-                sock.close()  # unread: the client gets no answer
-                continue
+        """Serve the connections the intake accepted and admitted (intake.py)."""
+        for sock in self.intake.take():
             sock.setblocking(False)
             fd = sock.fileno()
             self.clients[fd] = Connection(sock, events=select.EPOLLIN)
             self.poll.register(fd, select.EPOLLIN)
 
-    def _admit(self, socks: list[socket.socket]) -> list[bool]:
-        """The address rule first (a refused host is not looked up in the socket tables), then the uid rule."""
+    def _admit(self, socks: list[socket.socket]) -> list[bool | None]:
+        """The address rule first (a refused host is not looked up in the socket tables), then the uid rule (None:
+        its owner cannot be known yet)."""
         verdicts = [self.hosts.admit(sock) for sock in socks] if self.hosts is not None else [True] * len(socks)
         if self.gate is None:
-            return verdicts
+            return list(verdicts)
         owners = iter(self.gate.admit_many([sock for sock, ok in zip(socks, verdicts, strict=True) if ok]))
-        return [ok and next(owners) for ok in verdicts]
+        return [next(owners) if ok else False for ok in verdicts]
 
     def _drop(self, client: Connection) -> None:
         self.store.unpark(client)
@@ -197,6 +187,7 @@ class StoreServer:
                 self.poll.unregister(fd)
         self.clients.pop(fd, None)
         client.sock.close()
+        self.intake.room_freed()
 
     def _read(self, client: Connection) -> None:
         try:
@@ -309,8 +300,8 @@ def serve_forever(listener: socket.socket) -> None:
     server = StoreServer(listener)
     server.register(sel)
     while True:
-        for key, events in sel.select():
-            server.handle(key, events)
+        sel.select(server.timeout())  # the server's epoll is ready, or the timeout passed: either way, handle()
+        server.handle()
 
 
 if __name__ == "__main__":  # python -m ddpboot.tcpstore.server FD: serve an inherited listening socket

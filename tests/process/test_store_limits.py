@@ -1,22 +1,27 @@
 """The store's limits, against a real `ddpboot --nproc 2 --cpu` job and clients of the job's own uid: a client that
-declares a 2^39-byte key and streams is closed as the length arrives and the guardian's memory does not grow
-(docs/security.md)."""
+declares a 2^39-byte key and streams is closed as the length arrives and the guardian's memory does not grow; with
+the job's hard open-file limit at 1024 and 1,100 idle connections, the guardian does not spin (its CPU time, read
+from /proc) and a new client is answered once connections close (docs/security.md)."""
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.support import SCRIPTS, ddpboot_exe, finish, launch_env, reports, wait_for
 
 JOB = str(SCRIPTS / "store_owner_job.py")
 VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
 GETNUMKEYS = struct.pack("=B", 7)
+IDLE = 1100
 
 
 def _start(tmp_path: Path, nofile: int | None = None) -> tuple[subprocess.Popen[str], Path, int, psutil.Process]:
@@ -45,6 +50,11 @@ def _end(proc: subprocess.Popen[str], go: Path) -> str:
     return str(err)
 
 
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 def test_a_key_declared_at_2_to_the_39_bytes_is_refused_and_the_guardian_stays_small(tmp_path: Path) -> None:
     proc, go, port, guardian = _start(tmp_path)
     try:
@@ -71,3 +81,36 @@ def test_a_key_declared_at_2_to_the_39_bytes_is_refused_and_the_guardian_stays_s
     closing = [line for line in err.splitlines() if "closing a client connection" in line]
     assert closing == [f"ddpboot: store: closing a client connection: a value of {1 << 39} bytes, more than the "
                        "store takes in one request (64 MiB)"], err[-3000:]
+
+
+def test_a_full_open_file_table_does_not_spin_and_a_new_client_is_served_once_one_closes(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < IDLE + 200:
+        pytest.skip(f"this test holds {IDLE} connections itself: its hard open-file limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    proc, go, port, guardian = _start(tmp_path, nofile=1024)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(IDLE):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            idle[-1].sendall(VALIDATE)
+        wait_for(lambda: guardian.num_fds() >= 1024 - 16, 30, "the guardian to fill its table")
+        cpu, started = _cpu(guardian), time.monotonic()
+        late = socket.create_connection(("127.0.0.1", port), timeout=30)  # waits in the listen queue
+        late.sendall(VALIDATE + GETNUMKEYS)
+        wait_for(lambda: time.monotonic() - started >= 3, 10, "3 s of a full table", interval=0.1)
+        spent = _cpu(guardian) - cpu
+        for sock in idle[:200]:
+            sock.close()
+        answer = late.recv(8)
+        late.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        err = _end(proc, go)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert spent < 0.3, f"the guardian spent {spent:.2f} s of CPU in 3 s of a full table"
+    assert len(answer) == 8 and struct.unpack("=q", answer)[0] >= 0
+    full = [line for line in err.splitlines() if "open-file table is full" in line]
+    assert len(full) == 1 and "of the 1024 that ulimit -n allows" in full[0], err[-3000:]
+    assert json.loads((tmp_path / "out" / "keys.json").read_text()) == {}

@@ -174,6 +174,15 @@ class _Stores:
         if self.python is not None:
             self.python.close()
 
+    def timeout(self) -> float | None:
+        """Seconds until ddpboot's server has work though nothing is ready (StoreServer.timeout)."""
+        return self.python.timeout() if self.python is not None else None
+
+    def idle(self) -> None:
+        """The timeout passed with nothing ready: ddpboot's server does what it was for."""
+        if self.python is not None:
+            self.python.handle()
+
     def joined(self) -> bytes:
         if self.python is None:
             return b"unknown"
@@ -252,9 +261,13 @@ def _main(
         ctypes.CDLL(None).prctl(PR_SET_NAME, b"ddpboot-guard", 0, 0, 0)
     sel = selectors.DefaultSelector()
     sel.register(ctl, selectors.EVENT_READ, None)
-    control = _Control(ctl, _Stores(listener, choice, sel), tempdir, run_dir)
+    stores = _Stores(listener, choice, sel)
+    control = _Control(ctl, stores, tempdir, run_dir)
     while not control.done:
-        for key, events in sel.select():
+        ready = sel.select(stores.timeout())
+        if not ready:
+            stores.idle()
+        for key, events in ready:
             if key.data is not None:
                 key.data.handle(key, events)
             else:

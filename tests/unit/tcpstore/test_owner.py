@@ -3,9 +3,12 @@ timewait record (uid 0) is never taken for root, and a refusal is described once
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import socket
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from ddpboot.tcpstore.owner import (
     pid_of_socket,
     refusal_message,
     resolve_allowed_uids,
+    tables_unusable,
 )
 from ddpboot.tcpstore.peer import ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, SocketEntry, SocketTables
 
@@ -98,15 +102,50 @@ def test_the_gate_reports_each_refused_uid_once(connection: tuple[socket.socket,
     own.close()
 
 
-def test_without_any_socket_table_every_connection_is_served_with_one_warning(
+def test_without_any_socket_table_every_local_connection_is_refused_with_one_warning(
     connection: tuple[socket.socket, socket.socket],
 ) -> None:
+    """Fail closed: where neither netlink nor /proc/net can be read, even the owner's own connection is refused."""
     warnings: list[str] = []
-    gate = OwnerGate(frozenset({os.getuid() + 1}), warnings.append)
-    gate.tables = SocketTables(proc_net=Path("/nonexistent"))
-    gate.tables.netlink_broken = True
-    assert gate.admit(connection[1]) and gate.admit(connection[1])
-    assert len(warnings) == 1 and "serving every local connection" in warnings[0], warnings
+    tables = SocketTables(proc_net=Path("/nonexistent"))
+    tables.netlink_broken = True
+    gate = OwnerGate(frozenset({os.getuid()}), warnings.append, tables)
+    assert gate.admit(connection[1]) is False and gate.admit(connection[1]) is False
+    assert len(warnings) == 1 and "refusing every local connection" in warnings[0], warnings
+    assert tables_unusable(tables) is not None
+    assert tables_unusable() is None  # this machine's tables can be read
+
+
+@contextlib.contextmanager
+def no_free_descriptor() -> Iterator[None]:
+    """This process's soft RLIMIT_NOFILE lowered to its lowest free descriptor number: the next socket() or open()
+    fails with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_lookup_without_a_free_descriptor_decides_nothing_and_breaks_nothing(
+    connection: tuple[socket.socket, socket.socket],
+) -> None:
+    """A real EMFILE while the netlink socket must be opened again: the connection is neither served nor refused
+    (None: held), netlink is not given up, and once a descriptor is free the same connection is judged."""
+    warnings: list[str] = []
+    gate = OwnerGate(frozenset({os.getuid()}), warnings.append)
+    gate.tables.close()  # its netlink socket must now be opened again
+    try:
+        with no_free_descriptor():
+            assert gate.admit(connection[1]) is None
+        assert not gate.tables.netlink_broken
+        assert gate.admit(connection[1]) is True and gate.tables.netlink is not None
+    finally:
+        gate.close()
+    assert len(warnings) == 1 and "Too many open files" in warnings[0] and "wait, unread" in warnings[0], warnings
 
 
 def test_a_burst_is_judged_socket_by_socket(connection: tuple[socket.socket, socket.socket]) -> None:

@@ -231,3 +231,12 @@ def test_answers_the_receive_buffer_cannot_hold_are_asked_again_in_smaller_batch
         found = tables.find_many(pairs)
     assert not tables.netlink_broken and tables.batch < NETLINK_BATCH
     assert [e.inode if e else None for e in found] == inodes
+
+
+def test_the_proc_tables_answer_a_burst_in_order() -> None:
+    """The /proc fallback reads each table once for a whole batch and still puts each socket in its pair's place."""
+    tables = SocketTables()
+    with burst(40) as (pairs, inodes), contextlib.closing(tables):
+        pairs[7] = (pairs[7][0], (pairs[7][1][0], 1))  # a peer that does not exist
+        found = tables.find_many_in_proc(pairs)
+    assert [e.inode if e else None for e in found] == [None if i == 7 else n for i, n in enumerate(inodes)]

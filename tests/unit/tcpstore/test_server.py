@@ -50,9 +50,10 @@ class Served:
             self.step(0.01)
 
     def step(self, wait: float) -> None:
-        """One turn of the caller's loop: what is ready within `wait` seconds."""
-        for key, events in self.sel.select(wait):
-            self.server.handle(key, events)
+        """One turn of the caller's loop: what is ready, or what the server's timeout was for."""
+        ready = self.sel.select(min(wait, self.server.timeout() or wait))
+        for key, events in ready or [(None, 0)]:
+            self.server.handle(key, events)  # type: ignore[arg-type]
 
     def close(self) -> None:
         self.server.close()
