@@ -51,7 +51,8 @@ class Served:
 
     def step(self, wait: float) -> None:
         """One turn of the caller's loop: what is ready, or what the server's timeout was for."""
-        ready = self.sel.select(min(wait, self.server.timeout() or wait))
+        timeout = self.server.timeout()
+        ready = self.sel.select(wait if timeout is None else min(wait, timeout))
         for key, events in ready or [(None, 0)]:
             self.server.handle(key, events)  # type: ignore[arg-type]
 
