@@ -25,6 +25,7 @@ from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
+from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
@@ -124,7 +125,7 @@ class Supervisor:
         self.sigfd = SignalFd([*self.spec.signals, STACKS_SIGNAL, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
         starter = None
-        record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve())
+        record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve(), start_of(os.getpid()))
         publish(record)
         try:
             starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console)
