@@ -244,7 +244,7 @@ def top_cmd(
     if not 0 < interval <= 3600:
         raise UsageError(f"--interval {interval:g}: give the seconds between two refreshes, above 0 (e.g. 1 or 0.5).")
     record = find(run)
-    status = top.await_status(record.run_dir, record.pid, 5.0)
+    status = top.await_status(record.run_dir, record.running, 5.0)
     if status is None:
         raise UsageError(f"the launcher (pid {record.pid}) publishes no status in {record.run_dir}: it has ended, "
                          "or it is a ddpboot without `ddpboot top`.")
@@ -255,7 +255,7 @@ def top_cmd(
         rows = sampler.rows(status)
         print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
         return
-    if top.watch(record.run_dir, record.pid, status, interval, os.environ) == "ended":
+    if top.watch(record.run_dir, record.running, status, interval, os.environ) == "ended":
         print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")
 
 

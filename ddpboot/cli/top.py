@@ -32,10 +32,13 @@ class ProcReading:
     state: str
 
 
-def read_process(pid: int) -> ProcReading | None:
-    """From /proc/PID/stat; None when the process is gone (or pid is 0: not started)."""
+def read_process(pid: int, start: int | None = None) -> ProcReading | None:
+    """From /proc/PID/stat; None when the process is gone (or pid is 0: not started), or the pid names another
+    process than the one that started at `start` (when given: the status file's)."""
     stat = read_stat(pid)
-    return None if stat is None else ProcReading(stat.cpu, stat.rss, stat.state)
+    if stat is None or (start is not None and stat.start != start):
+        return None
+    return ProcReading(stat.cpu, stat.rss, stat.state)
 
 
 @dataclass(frozen=True)
@@ -281,22 +284,20 @@ class GpuReader:
 # --- the command's two ways: one snapshot (--json), and the live table --------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    proc = read_process(pid)
-    return proc is not None and proc.state not in ("Z", "X")
+def _readings(status: Mapping[str, Any]) -> dict[int, ProcReading | None]:
+    """The running ranks' processes, by pid (each checked against its start time, where the file has one)."""
+    return {int(e["pid"]): read_process(int(e["pid"]), e.get("start")) for e in status.get("ranks", [])
+            if e.get("pid") and e.get("code") is None}
 
 
-def _pids(status: Mapping[str, Any]) -> list[int]:
-    return [int(e["pid"]) for e in status.get("ranks", []) if e.get("pid") and e.get("code") is None]
-
-
-def await_status(run_dir: Path, pid: int, timeout: float) -> dict[str, Any] | None:
+def await_status(run_dir: Path, alive: Callable[[], bool], timeout: float) -> dict[str, Any] | None:
     """The launcher's status file: it writes it at its first wake-up after the ranks start, so a job found by its
-    ranks has one at once, or within `timeout`; None when it has none (it ended, or predates the file)."""
+    ranks has one at once, or within `timeout` while `alive()` (its launcher runs); None when it has none (it
+    ended, or predates the file)."""
     from ddpboot.launch.status import read_status
 
     deadline = time.monotonic() + timeout
-    while (status := read_status(run_dir)) is None and _alive(pid) and time.monotonic() < deadline:
+    while (status := read_status(run_dir)) is None and alive() and time.monotonic() < deadline:
         time.sleep(0.05)  # the launcher writes the file; nothing to wait on but its appearance
     return status
 
@@ -311,10 +312,10 @@ class Sampler:
         self.at = time.monotonic()
 
     def look(self, status: Mapping[str, Any]) -> None:
-        self.before, self.at = {pid: read_process(pid) for pid in _pids(status)}, time.monotonic()
+        self.before, self.at = _readings(status), time.monotonic()
 
     def rows(self, status: Mapping[str, Any]) -> list[Row]:
-        now = {pid: read_process(pid) for pid in _pids(status)}
+        now = _readings(status)
         at = time.monotonic()
         rows = build_rows(status, self.before, now, at - self.at, self.gpus.read(status), time.time())
         self.before, self.at = now, at
@@ -352,9 +353,10 @@ def _keys() -> Iterator[Callable[[float], str]]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def watch(run_dir: Path, pid: int, status: dict[str, Any], interval: float, env: Mapping[str, str]) -> str:
-    """The live table, redrawn in place every `interval` seconds until `q`, Ctrl-C or the job's end; returns why
-    it stopped ("q" or "ended")."""
+def watch(run_dir: Path, alive: Callable[[], bool], status: dict[str, Any], interval: float,
+          env: Mapping[str, str]) -> str:
+    """The live table, redrawn in place every `interval` seconds until `q`, Ctrl-C or the job's end (`alive()`
+    false: its launcher has exited); returns why it stopped ("q" or "ended")."""
     from rich.live import Live
 
     from ddpboot.cli.output import console
@@ -370,7 +372,7 @@ def watch(run_dir: Path, pid: int, status: dict[str, Any], interval: float, env:
                 if key(interval).lower() == "q":
                     return "q"
                 fresh = read_status(run_dir)
-                if fresh is None or not _alive(pid):
+                if fresh is None or not alive():
                     return "ended"
                 status = fresh
     except KeyboardInterrupt:

@@ -14,8 +14,13 @@ ACTIONS = ("status", "stop")
 
 
 def warm(action: str, as_json: bool, env: Mapping[str, str]) -> int:
+    if action == "start":
+        raise UsageError("ddpboot warm start: there is no separate start: the first warm launch, `ddpboot --warm "
+                         "SCRIPT` (or DDPBOOT_WARM=1 in the environment), starts this user's warm process, and the "
+                         "next ones use it. `ddpboot warm status` shows it, `ddpboot warm stop` ends it.")
     if action not in ACTIONS:
-        raise UsageError(f"ddpboot warm {action}: give status or stop.")
+        raise UsageError(f"ddpboot warm {action}: give status or stop (the first `ddpboot --warm SCRIPT` starts a "
+                         "warm process).")
     answer = warm_process.request(env, action)
     where = str(warm_process.socket_path(env))
     if as_json:

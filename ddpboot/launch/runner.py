@@ -377,11 +377,12 @@ def _fast_start(
         try:
             fast_start = warm_session = warm.open_session(
                 config.python, config.target, config.cwd, env, config.preloads, config.warm_idle, say,
-                lambda: stop_if_signalled("while the warm process started"))
+                lambda: stop_if_signalled("while the warm process started"), config.signals, config.env)
         except (WarmError, FastStartError, OSError) as exc:
             say(f"note: no warm launch: {exc}; this launch starts cold (as --fast-start)")
     if fast_start is None:
-        fast_start = FastStartProcess.start(config.python, config.target, config.cwd, env, config.preloads)
+        fast_start = FastStartProcess.start(config.python, config.target, config.cwd, env, config.preloads,
+                                            config.signals)
     try:
         yield fast_start
     finally:

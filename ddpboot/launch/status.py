@@ -6,12 +6,14 @@ attempt loop tells a RunStatus about output (`output`, one dict store) and asks 
 the file is rewritten (write beside and rename: a reader finds it whole) only when something changed, and at most
 once per WRITE_INTERVAL seconds; a change held back makes the loop wake when it is due (`wait_time`), so the file
 is never more than an interval behind. Removed when the launcher ends, as its record (`launcher.json`) is.
+A start time (clock ticks since boot, /proc/PID/stat) beside each pid names the process: after a `kill -9` the file
+stays, and its pids may name other processes by the time someone reads it (procstat.is_process).
 
 The file's fields, all of them read by `ddpboot top` (cli/top.py):
 
-    {"version": 1, "pid": launcher pid, "run_id": ..., "node_rank": N, "host": ..., "attempt": N,
-     "world_size": N, "updated": unix time of this write,
-     "ranks": [{"rank": global rank, "local_rank": N, "pid": N (0: not started yet),
+    {"version": 1, "pid": launcher pid, "start": its start time, "run_id": ..., "node_rank": N, "host": ...,
+     "attempt": N, "world_size": N, "updated": unix time of this write,
+     "ranks": [{"rank": global rank, "local_rank": N, "pid": N (0: not started yet), "start": its start time,
                 "gpus": [{"label": "0", "uuid": "GPU-..."}], "started": unix time or null,
                 "code": exit code once reaped or null, "last_output": unix time or null,
                 "bar": the last progress-bar state or null}],
@@ -29,12 +31,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpboot.launch.stacks.find import write_whole
+from ddpboot.launch.procs.procstat import start_of
+from ddpboot.launch.stacks.find import STATUS, write_whole
 
 if TYPE_CHECKING:
     from ddpboot.launch.supervisor.workers import Worker
 
-STATUS = "status.json"
 VERSION = 1
 WRITE_INTERVAL = 1.0  # seconds between two writes at most
 MAX_WARNINGS = 50  # the file stays small whatever the watch says
@@ -56,9 +58,9 @@ class RunStatus:
     def __init__(self, run_dir: Path, run_id: str, node_rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.path = run_dir / STATUS
-        self.head: dict[str, Any] = {"version": VERSION, "pid": os.getpid(), "run_id": run_id,
-                                     "node_rank": node_rank, "host": socket.gethostname(), "attempt": 0,
-                                     "world_size": world_size}
+        self.head: dict[str, Any] = {"version": VERSION, "pid": os.getpid(), "start": start_of(os.getpid()),
+                                     "run_id": run_id, "node_rank": node_rank, "host": socket.gethostname(),
+                                     "attempt": 0, "world_size": world_size}
         self.clock = clock
         self.wall = wall
         self.last_output: dict[int, float] = {}  # rank → wall time
@@ -126,7 +128,7 @@ class RunStatus:
             if bar is not None:
                 self.bars[w.slot.rank] = bar
             ranks.append({
-                "rank": w.slot.rank, "local_rank": w.slot.local_rank, "pid": w.pid,
+                "rank": w.slot.rank, "local_rank": w.slot.local_rank, "pid": w.pid, "start": w.pid_start,
                 "gpus": [{"label": g.label, "uuid": g.uuid} for g in w.slot.gpus],
                 "started": self.wall() - (self.clock() - w.started) if w.pid else None,
                 "code": w.code if w.status is not None else None,

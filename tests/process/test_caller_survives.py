@@ -13,12 +13,14 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.support import BEHAVE, TIMEOUT, ddpboot_exe, launch_env, wait_for
 
@@ -141,6 +143,31 @@ def test_stacks_ignores_a_damaged_record(tmp_path: Path) -> None:
     code, _, err = in_shell(["stacks", str(run_dir), "--timeout", "1"], launch_env(tmp_path))
     assert code == 2, err
     assert "not running" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) for a pid namespace whose next pid it sets")
+def test_stacks_and_top_leave_alone_a_process_that_took_a_dead_launchers_pid(tmp_path: Path) -> None:
+    """After `kill -9` of a launcher its run directory still holds launcher.json and status.json; a new process
+    then gets the dead launcher's pid (for real: in a pid namespace of its own, whose next pid is set). `ddpboot top`
+    and `ddpboot stacks` must say that job is no longer running (exit 2), remove the stale files, and never signal
+    the process that has the pid now."""
+    helper = Path(__file__).with_name("scripts") / "stale_record.py"
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(helper),
+                           ddpboot_exe()[0], BEHAVE, str(tmp_path)], env=launch_env(tmp_path), capture_output=True,
+                          text=True, timeout=TIMEOUT, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["bystander"] == r["launcher"], r  # the record's pid names another process now
+    assert {"launcher.json", "status.json"} <= set(r["left"]), r
+    assert r["alive"] and r["signals"] == [], r
+    for command in ("top", "stacks"):
+        code, err = r[command]
+        assert code == 2, (command, err)
+        assert "that job is no longer running" in err and f"pid {r['launcher']} is now another process" in err, err
+        assert "launcher.json and status.json removed" in err, err
+        assert err.count("\n") == 1 and err.startswith("ddpboot: error: "), err
+    assert "launcher.json" not in r["after_top"] and "status.json" not in r["after_stacks"], r
 
 
 def test_the_guard_refuses_the_callers_group() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.stacks.collect import BACKEND_VAR, find_py_spy
 from ddpboot.launch.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.stacks.find import RunRecord, request_dump
@@ -140,7 +141,7 @@ def test_a_hung_job_is_dumped_on_demand_and_at_the_stall_timeout(mode: str, tmp_
         wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "every rank ready")
 
         def on_demand() -> tuple[dict[str, Any], Path] | None:  # SIGUSR2 as `ddpboot stacks` sends it
-            path = request_dump(RunRecord(pid, "", record.parent), 30)
+            path = request_dump(RunRecord(pid, "", record.parent, start_of(pid)), 30)
             dump = json.loads(path.read_text()) if path is not None else None
             return (dump, path) if dump is not None and path is not None and named(dump, case) else None
 
@@ -221,12 +222,12 @@ def test_a_two_node_verdict_names_the_rank_on_the_other_node(tmp_path: Path) -> 
         pids = [json.loads(r.read_text())["pid"] for r in records]
         rank_logs = [records[n].parent / "attempt_0" / f"rank{n}.log" for n in (0, 1)]
         wait_for(lambda: all(p.exists() and "ready" in p.read_text() for p in rank_logs), 120, "both ranks ready")
-        node1 = request_dump(RunRecord(pids[1], "", records[1].parent), 30)
+        node1 = request_dump(RunRecord(pids[1], "", records[1].parent, start_of(pids[1])), 30)
         assert node1 is not None and json.loads(node1.read_text())["ranks"][0]["summary"].startswith(
             "not in torch.distributed")
         want = re.escape(f"rank 0 waits in all_reduce at {line('data')}; rank 1 is in {line('load')} (in load_batch), "
                          "not in a collective: look at rank 1; rank 1 runs on node 1")
-        node0 = request_dump(RunRecord(pids[0], "", records[0].parent), 30)
+        node0 = request_dump(RunRecord(pids[0], "", records[0].parent, start_of(pids[0])), 30)
         assert node0 is not None
         assert re.fullmatch(want, json.loads(node0.read_text())["verdict"]), json.loads(node0.read_text())["verdict"]
         got = run_launcher(["stacks", str(records[0].parent), "--json"], env)
@@ -303,10 +304,10 @@ def test_a_two_node_flight_recorder_verdict_compares_the_dumps_of_both_nodes(tmp
             dumped = records[n].parent / "attempt_0" / f"nccl_trace_rank_{n}"
             wait_for(dumped.exists, 120, f"rank {n}'s dump", interval=0.1)
         pids = [json.loads(r.read_text())["pid"] for r in records]
-        node1 = request_dump(RunRecord(pids[1], "", records[1].parent), 30)
+        node1 = request_dump(RunRecord(pids[1], "", records[1].parent, start_of(pids[1])), 30)
         assert node1 is not None
         assert json.loads(node1.read_text())["flight"]["kind"] == "level"  # gloo's dumps name no group's members
-        node0 = request_dump(RunRecord(pids[0], "", records[0].parent), 30)
+        node0 = request_dump(RunRecord(pids[0], "", records[0].parent, start_of(pids[0])), 30)
         assert node0 is not None
         flight = json.loads(node0.read_text())["flight"]
         assert flight["kind"] == "behind" and flight["look_at"] == [1], flight

@@ -92,9 +92,10 @@ def _out(tmp_path: Path, name: str = "out") -> Path:
 
 def _probe_in_shell(flags: list[str], out: Path, env: dict[str, str], cwd: Path, umask: str, nofile: int,
                     text: str, code: int = 0) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """The probe launched from a shell with this cwd, umask, open-files limit and stdin."""
+    """The probe launched from a shell with this cwd, umask, open-files limit and stdin, and SIGALRM ignored (which
+    an exec'd rank inherits, and so must a warm one)."""
     cmd = " ".join(map(_quote, [*ddpboot_exe(), "--nproc", "2", *flags, PROBE, "arg", "${local_rank}"]))
-    shell = f"umask {umask}; ulimit -S -n {nofile}; printf %s {_quote(text)} | {cmd}"
+    shell = f"trap '' ALRM; umask {umask}; ulimit -S -n {nofile}; printf %s {_quote(text)} | {cmd}"
     proc = subprocess.run(["sh", "-c", shell], env={**env, "WARM_PROBE_EXIT": str(code)}, cwd=cwd,
                           capture_output=True, text=True, timeout=120)
     return proc, {r: json.loads((out / f"probe{r}.json").read_text()) for r in (0, 1)
@@ -129,6 +130,7 @@ def test_a_warm_rank_sees_what_an_execd_rank_sees(tmp_path: Path, shared: Path) 
         assert seen["warm"] == seen["exec"]
         assert seen["warm"][0]["stdin"] == text and seen["warm"][0]["umask"] == int(umask, 8)
         assert seen["warm"][1]["nofile"][0] == nofile and seen["warm"][1]["cwd"] == str(cwd)
+        assert int(seen["warm"][0]["sigign"], 16) >> (signal.SIGALRM - 1) & 1, seen["warm"][0]["sigign"]
         pids.add(warm_pid(shared))
     assert len(pids) == 1, "both launches were served by one warm process"
     assert status(shared)["launches"] >= 2
@@ -169,17 +171,44 @@ def _held_job(out: Path, where: Path, *extra: str) -> tuple[subprocess.Popen[str
     return proc, reps
 
 
-def test_sigkill_of_the_launcher_leaves_no_rank(tmp_path: Path, shared: Path) -> None:
+def test_sigkill_of_the_launcher_leaves_no_rank_and_says_nothing(tmp_path: Path, shared: Path) -> None:
+    """Nothing of the launch outlives it, nothing is printed on its terminal (the session has the launcher's stdout
+    and stderr: it must not fall back into the warm process's loop), and the warm process serves the next launch."""
     out = _out(tmp_path)
-    before = warm_pid(shared) if status(shared)["running"] else None
     proc, reps = _held_job(out, shared)
+    before = warm_pid(shared)
     session = {r["ppid"] for r in reps.values()}
     assert len(session) == 1
     everything = [r["pid"] for r in reps.values()] + [r["child"] for r in reps.values()] + list(session)
     proc.kill()
-    proc.wait()
+    stdout, stderr = proc.communicate(timeout=60)  # to the end: the session and the ranks hold these pipes too
     wait_for(lambda: all(gone(p) for p in everything), 10, f"the ranks, their children and the session {everything}")
-    assert before is None or warm_pid(shared) == before, "the warm process itself stays"
+    assert "Traceback" not in stdout + stderr and "a request failed" not in stdout + stderr, stdout + stderr
+    log = Path(status(shared)["socket"]).with_suffix(".log").read_text()
+    assert "Traceback" not in log and "a request failed" not in log, log
+    again = _out(tmp_path, "again")
+    proc2 = run_launcher(["--nproc", "2", launcher.BEHAVE], warm_env(again, shared))
+    assert proc2.returncode == 0 and sorted(reports(again)) == [0, 1], proc2.stderr
+    assert warm_pid(shared) == before, "the warm process itself stays, healthy"
+
+
+def test_another_number_of_ranks_uses_the_same_warm_process(tmp_path: Path, own_dir: Path) -> None:
+    """--nproc changes the OMP_NUM_THREADS ddpboot sets for each rank, not what the warm process was started with;
+    a user's own OMP_NUM_THREADS does (torch's thread pools read it at import)."""
+    pids, threads = [], []
+    for i, nproc in enumerate(("1", "2", "1")):
+        out = _out(tmp_path, f"n{i}")
+        proc = run_launcher(["--cpu", "--nproc", nproc, launcher.BEHAVE], warm_env(out, own_dir))
+        assert proc.returncode == 0 and "fresh" not in proc.stderr, proc.stderr
+        threads.append(reports(out)[0]["env"]["OMP_NUM_THREADS"])
+        pids.append(warm_pid(own_dir))
+    assert len(set(pids)) == 1, pids
+    assert len(os.sched_getaffinity(0)) < 2 or threads[0] != threads[1], threads  # the ranks' values did differ
+    out = _out(tmp_path, "own")
+    proc = run_launcher(["--cpu", "--nproc", "1", launcher.BEHAVE], warm_env(out, own_dir, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert "since the launch's OMP_NUM_THREADS differs from the warm process's" in proc.stderr, proc.stderr
+    assert warm_pid(own_dir) != pids[0]
 
 
 def test_sigkill_of_the_session_fails_the_launch(tmp_path: Path, shared: Path) -> None:
@@ -242,7 +271,7 @@ def test_a_change_of_what_it_imported_or_of_the_environment_starts_a_fresh_one(t
     assert value == "edited" and pid != first
     assert f"a fresh warm process, since {lib / 'wmod.py'} changed since it was imported" in err, err
     err, value, third = launch(PYTORCH_NO_SUCH_SETTING="1")
-    assert third != pid and "the environment changed (PYTORCH_NO_SUCH_SETTING)" in err, err
+    assert third != pid and "since the launch's PYTORCH_NO_SUCH_SETTING differs from the warm process's" in err, err
     err, _, fourth = launch(PYTORCH_NO_SUCH_SETTING="1", RANDOM_UNRELATED_VAR="x")
     assert fourth == third, "a variable torch does not read at import keeps the warm process"
 

@@ -23,11 +23,13 @@ from typing import Any
 
 from ddpboot.errors import DdpbootError
 from ddpboot.launch.env import substitute_local_rank
-from ddpboot.launch.faststart.zygote import MAX_MSG
+from ddpboot.launch.faststart.zygote import LAUNCHER_GONE, MAX_MSG
+from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.procs.spawn import spawn
 from ddpboot.launch.spec import Target
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
+FORKED = ZYGOTE.with_name("forked.py")  # what the zygote runs in each rank it forks
 BOOT = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_name='__ddpboot_zygote__')"
 
 
@@ -59,16 +61,20 @@ class FastStartProcess:
     exits: list[tuple[int, int]] = field(default_factory=list)  # (pid, wait status) not yet taken
     gone: bool = False
     running: set[int] = field(default_factory=set)  # ranks forked and not yet reported as exited
+    starts: dict[int, int | None] = field(default_factory=dict)  # each rank's start time (procstat), by pid
     _next: int = 0
 
     @classmethod
     def start(cls, python: str, target: Target, cwd: Path, env: Mapping[str, str],
-              preload: Sequence[str] = ()) -> FastStartProcess:
+              preload: Sequence[str] = (), signals: Sequence[int] = ()) -> FastStartProcess:
+        """Start the zygote as an exec'd rank starts (`signals`, the forwarded ones, at their defaults: its ranks
+        start with the dispositions it started with). It outlives the launcher only to end its ranks and what they
+        left (zygote.py): the launcher's death reaches it as LAUNCHER_GONE, not SIGKILL."""
         path0 = python_path0(target, cwd)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid = spawn([python, "-u", "-c", BOOT, str(ZYGOTE), path0, ",".join(preload)], env, 1, 2,
-                        pass_fd=child.fileno())
+                        pass_fd=child.fileno(), reset_signals=signals, death_signal=LAUNCHER_GONE)
         except BaseException:
             parent.close()
             raise
@@ -95,6 +101,7 @@ class FastStartProcess:
     def _take(self, msg: dict[str, Any]) -> None:
         if msg.get("op") == "exit":
             self.running.discard(int(msg["pid"]))
+            self.starts.pop(int(msg["pid"]), None)
             self.exits.append((int(msg["pid"]), int(msg["status"])))
 
     def wait_ready(self) -> dict[str, Any]:
@@ -128,8 +135,10 @@ class FastStartProcess:
             if msg is None:
                 raise FastStartError("the fast-start process exited while starting a rank")
             if msg.get("op") == "started" and msg.get("id") == self._next:
-                self.running.add(int(msg["pid"]))
-                return int(msg["pid"])
+                pid = int(msg["pid"])
+                self.running.add(pid)
+                self.starts[pid] = start_of(pid)
+                return pid
             self._take(msg)
 
     def poll(self) -> list[tuple[int, int]]:

@@ -6,9 +6,10 @@ then serves this launch exactly as a fast-start process does (`WarmSession` is a
 
 Nothing stale: the warm process is keyed (`warm_key`) by the interpreter (its path and file), zygote.py itself, the
 uid, groups, namespaces and cgroup, the preloads, and the environment variables read while Python starts and torch
-is imported (`IMPORT_VARS`); it also stamps every file it imported and the site directories they came from. A launch
-whose key differs, or that finds a stamp changed, is answered "stale": that warm process exits (launches it serves go
-on) and this launch starts a fresh one.
+is imported (`IMPORT_VARS`) as the user set them (not the OMP_NUM_THREADS ddpboot sets per rank: each rank applies
+its own, zygote.py); it also stamps every file it imported and the site directories they came from. A launch whose
+key differs, or that finds a stamp changed, is answered "stale": that warm process exits (launches it serves go on)
+and this launch starts a fresh one.
 
 Security: the socket lives in a 0700 directory of the user's (`$XDG_RUNTIME_DIR/ddpboot`, else `/tmp/ddpboot-UID`;
 `DDPBOOT_WARM_DIR` overrides), is 0600, and each side checks the other's uid (SO_PEERCRED).
@@ -31,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpboot.launch.faststart import ZYGOTE, FastStartProcess, python_path0
+from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0
 from ddpboot.launch.faststart.warmstart import SERVER, Lock, WarmError, start
 from ddpboot.launch.faststart.zygote import MAX_MSG
+from ddpboot.launch.procs.groups import NotOurGroup, signal_group
+from ddpboot.launch.procs.procstat import group_still_ours
 from ddpboot.launch.spec import Target
 
 DIR_VAR = "DDPBOOT_WARM_DIR"
@@ -119,7 +122,7 @@ def warm_key(python: str, env: Mapping[str, str], preloads: Sequence[str], path0
     real = os.path.realpath(python)
     return {
         "interpreter": [python, real, _file_id(real)],  # a venv's python is a link: its path names the venv
-        "ddpboot": hashlib.sha256(ZYGOTE.read_bytes() + SERVER.read_bytes()).hexdigest(),
+        "ddpboot": hashlib.sha256(ZYGOTE.read_bytes() + FORKED.read_bytes() + SERVER.read_bytes()).hexdigest(),
         "user": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "namespaces": _namespaces(),
         "cgroup": _cgroup(),
@@ -213,13 +216,14 @@ class WarmSession(FastStartProcess):
 
     def lost(self) -> list[tuple[int, int]]:
         """Once the session has gone: its ranks still unreported, killed (their parent died, so they die too,
-        PR_SET_PDEATHSIG), each as a death by SIGKILL."""
+        PR_SET_PDEATHSIG, and their groups with them), each as a death by SIGKILL."""
         if not self.gone:
             return []
         out = []
         for pid in sorted(self.running):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            if group_still_ours(pid, self.starts.get(pid)):  # a rank reaped by now: its number may be another's
+                with contextlib.suppress(OSError, NotOurGroup):
+                    signal_group(pid, signal.SIGKILL)
             out.append((pid, int(signal.SIGKILL)))
         self.running.clear()
         return out
@@ -253,17 +257,29 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+def ignored_signals(forwarded: Sequence[int]) -> list[int]:
+    """The signals this launcher ignores and does not forward: an exec'd rank inherits them ignored (spawn.py resets
+    the forwarded ones, and SIGPIPE and SIGXFSZ, which Python ignores for itself)."""
+    skip = {int(signal.SIGKILL), int(signal.SIGSTOP), int(signal.SIGPIPE), int(signal.SIGXFSZ), *map(int, forwarded)}
+    return sorted(int(s) for s in signal.valid_signals()
+                  if int(s) not in skip and signal.getsignal(s) == signal.SIG_IGN)
+
+
 def open_session(python: str, target: Target, cwd: Path, env: Mapping[str, str], preloads: Sequence[str],
-                 idle: float, say: Callable[[str], None], tick: Callable[[], None]) -> WarmSession:
+                 idle: float, say: Callable[[str], None], tick: Callable[[], None], signals: Sequence[int] = (),
+                 key_env: Mapping[str, str] | None = None) -> WarmSession:
     """A session of this user's warm process, started first if there is none, replaced if it is stale. `say`: the
-    launcher's lines; `tick`: called at least twice a second while waiting (a stop signal ends the wait)."""
+    launcher's lines; `tick`: called at least twice a second while waiting (a stop signal ends the wait); `env`: what
+    a fresh warm process imports with, and the session's environment; `key_env`: what the warm process is keyed by
+    (the user's own, before ddpboot set OMP_NUM_THREADS for the ranks; default `env`); `signals`: those the
+    launcher forwards (its ranks start with them at their defaults, as exec'd ranks do)."""
     ensure_dir(warm_dir(env))
     path = socket_path(env)
     path0 = python_path0(target, cwd)
-    key = warm_key(python, env, preloads, path0)
+    key = warm_key(python, env if key_env is None else key_env, preloads, path0)
     req = {"op": "session", "key": key, "cwd": str(cwd), "umask": _umask(), "rlimits": _rlimits(),
            "nice": os.getpriority(os.PRIO_PROCESS, 0), "cpus": sorted(os.sched_getaffinity(0)), "env": dict(env),
-           "idle": idle}
+           "ignored": ignored_signals(signals), "idle": idle}
     for attempt in range(3):
         session = _try_session(path, req, path0, say)
         if session is not None:

@@ -8,10 +8,13 @@ that started it, and serves a 0600 AF_UNIX SOCK_SEQPACKET socket. Each connectio
 (SO_PEERCRED; others are refused) sends one request:
   {"op": "status"}                        → the warm process's state
   {"op": "stop"}                          → it says "stopping" and exits (running launches go on)
-  {"op": "session", "key", "cwd", "umask", "rlimits", "nice", "cpus", "env", "idle"} with the launcher's
-  stdin, stdout and stderr as SCM_RIGHTS  → "stale" (then it exits: a fresh one replaces it) or a session: a forked
-  child that takes the launcher's cwd, umask, limits, priority, CPUs, environment and stdio, says "ready" and is a
-  zygote on that connection (zygote.py's _Server) until the launcher closes it.
+  {"op": "session", "key", "cwd", "umask", "rlimits", "nice", "cpus", "env", "ignored", "idle"} with the
+  launcher's stdin, stdout and stderr as SCM_RIGHTS  → "stale" (then it exits: a fresh one replaces it) or a
+  session: a forked child that takes the launcher's cwd, umask, limits, priority, CPUs, environment and stdio (and
+  gives its ranks the dispositions an exec'd rank of that launch starts with: `ignored`, the signals the launcher
+  ignores and does not forward), says "ready" and is a zygote on that connection (zygote.py's _Server) until the
+  launcher closes it or is gone; it then ends every process below it (the ranks, and what they left running: it
+  is their subreaper) and exits, without a word on the launch's terminal.
 A session is not tied to the warm process: if the warm process dies, running launches go on. It exits after the
 idle time without sessions, on SIGTERM, or when replaced; it then writes why to the `.exit` file beside the socket.
 """
@@ -90,7 +93,6 @@ def _warm_main(conf: dict[str, Any]) -> None:
     sys.argv = [sys.argv[0]]
     path0 = conf["path0"]
     sys.path[0] = path0
-    initial = z._dispositions()
     z._ignore_signals()
     t0 = time.monotonic()
     torch_version = z._import_preloads(ready, list(conf["preload"]))
@@ -116,7 +118,7 @@ def _warm_main(conf: dict[str, Any]) -> None:
     finally:
         os.umask(old)
     listen.listen(64)
-    warm = _Warm(listen, conf, initial, files, torch_version)
+    warm = _Warm(listen, conf, files, torch_version)
     z._send(ready, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "torch": torch_version,
                   "modules": len(sys.modules), "files": len(files)})
     ready.close()
@@ -126,8 +128,8 @@ def _warm_main(conf: dict[str, Any]) -> None:
 class _Warm:
     """The warm process's loop: connections on the socket, its sessions' exits (SIGCHLD), SIGTERM, the idle time."""
 
-    def __init__(self, listen: socket.socket, conf: dict[str, Any], initial: dict[int, Any],
-                 files: dict[str, list[int] | None], torch_version: str | None) -> None:
+    def __init__(self, listen: socket.socket, conf: dict[str, Any], files: dict[str, list[int] | None],
+                 torch_version: str | None) -> None:
         self.resource = resource
         self.listen = listen
         self.conf = conf
@@ -135,7 +137,6 @@ class _Warm:
         self.idle = float(conf["idle"])
         self.path = conf["socket"]
         self.inode = os.stat(self.path).st_ino
-        self.initial = initial
         self.files = files
         self.torch_version = torch_version
         self.me = os.getpid()
@@ -246,7 +247,8 @@ class _Warm:
                 if name == "env":
                     mine, other = self.key.get("env", {}), theirs.get("env", {})
                     names = sorted(n for n in set(mine) | set(other) if mine.get(n) != other.get(n))
-                    return f"the environment changed ({', '.join(names)})"
+                    return (f"the launch's {', '.join(names)} differ{'s' if len(names) == 1 else ''} from the warm "
+                            "process's (read while Python starts and torch is imported)")
                 return f"the launch's {name} changed"
         path = _changed(self.files)
         if path is not None:
@@ -271,6 +273,16 @@ class _Warm:
         self.sessions[pid] = {"launcher": peer, "since": time.time(), "cwd": req["cwd"]}
 
     def _session_child(self, conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
+        """The session: this launch's settings taken, then a zygote on the connection until the launcher closes it
+        or is gone (zygote.py's _Server ends every process below it, then exits). Never returns: nothing of a
+        session may run the warm process's own loop."""
+        try:
+            self._take_launch(conn, req, fds)
+            z._Server(conn, z.forked.python_start(list(req.get("ignored", [])))).serve()
+        finally:
+            os._exit(0)
+
+    def _take_launch(self, conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
         try:
             signal.set_wakeup_fd(-1)
             self.sel.close()
@@ -298,8 +310,6 @@ class _Warm:
         z._send(conn, {"op": "ready", "pid": os.getpid(), "import_s": 0.0, "threads": z._threads(),
                      "modules": len(sys.modules), "torch": self.torch_version,
                      "warm": {"pid": self.me, "launches": self.launches + 1, "started": self.started}})
-        z._Server(conn, self.initial).serve()
-        os._exit(0)
 
 
 if __name__ == "__ddpboot_zygote__":

@@ -6,8 +6,13 @@ what it preloads (`--preload`; the pytest plugin preloads its own ddpboot.testin
 The zygote stays fork-safe: no Python threads, no CUDA (torch is imported, never initialised), no store (the
 launcher's guardian serves it). It also ignores every catchable signal: SLURM's slurmstepd signals every process
 of a step, and a zygote killed by the time-limit SIGTERM would take its ranks with it (they die with their parent,
-PR_SET_PDEATHSIG) before they could checkpoint. It ends when the launcher closes the control socket, or with the
-launcher (PR_SET_PDEATHSIG=SIGKILL, set by the launcher's spawn).
+PR_SET_PDEATHSIG) before they could checkpoint.
+
+Nothing outlives it: once serving, it is a child subreaper, so whatever a rank leaves running (a daemon made by
+`fork(); setsid(); fork()`, with or without exec) becomes its child, where the launcher's leftover search finds it
+(launch/procs/leftovers.py). It ends when the launcher closes the control socket (or is gone: the socket's end, or
+LAUNCHER_GONE, the death signal the launcher's spawn sets), and then SIGKILLs every process below it first (`_end`):
+a `kill -9` of the launcher leaves nothing of the ranks behind, whatever their environment says.
 
 Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
   zygote → launcher  {"op": "ready", "pid", "import_s", "threads", "modules", "torch"} or {"op": "error", "error"}
@@ -15,38 +20,44 @@ Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
                      stdout and stderr pipe ends as SCM_RIGHTS
   zygote → launcher  {"op": "started", "id", "pid"}, later {"op": "exit", "pid", "status"} (the raw wait status)
 
-In each child, before the script: a new session, PR_SET_PDEATHSIG (SIGKILL when the zygote dies), the dispositions
-and empty signal mask a fresh `python` starts with, stdout/stderr onto the launcher's pipes, every other inherited
-descriptor closed, the rank's CPU affinity and environment (os.environ replaced), torch's thread count from
-OMP_NUM_THREADS (libgomp read the variable once, when the zygote imported torch), numpy's global random state
-reseeded (Python's `random` reseeds itself after fork), then sys.argv, sys.path[0] and a fresh `__main__`. At the
-end, what the interpreter does at exit: non-daemon threads joined, atexit handlers, stdio flushed, the exit code of
-SystemExit or 1 with the traceback for an uncaught exception (KeyboardInterrupt: death by SIGINT, as python does).
+In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start and runs
+the script (`forked.run_rank`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import faulthandler
 import gc
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
 import sys
 import time
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 CTL_FD = 3  # where the launcher's spawn(pass_fd=...) puts the control socket
 MAX_MSG = 1 << 22  # the largest control message, either way (the launcher's side imports it from here)
 # This file imports nothing of ddpboot (it runs as its own program, and its ranks must not carry ddpboot), so the
-# little it shares with ddpboot/launch/procs/spawn.py (this prctl option, _max_fd) is written again here.
-PR_SET_PDEATHSIG = 1
+# little it shares with ddpboot/launch/procs/spawn.py (this prctl option) is written again here.
+PR_SET_CHILD_SUBREAPER = 36
+# The zygote's death signal (the launcher's spawn sets it): the launcher died. Not SIGKILL, so that the zygote can end
+# its ranks and every orphan of theirs first; a real-time signal that nobody else sends (ranks' stacks use RTMIN+3).
+LAUNCHER_GONE = signal.SIGRTMIN + 4
+END_TIMEOUT = 30.0  # seconds `_end` keeps killing and reaping what is below it at most (a process stuck in the kernel)
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+if TYPE_CHECKING:
+    from ddpboot.launch.faststart import forked as forked
+else:  # run from its file, as this one is: nothing of ddpboot is imported
+    forked = types.SimpleNamespace(**runpy.run_path(os.path.join(os.path.dirname(__file__), "forked.py"),
+                                                    run_name="__ddpboot_forked__"))
 
 
 def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -77,181 +88,6 @@ def _dispositions() -> dict[int, Any]:
     return out
 
 
-def _fresh_dispositions(initial: dict[int, Any]) -> None:
-    """What a new `python` process has: the dispositions the zygote itself started with (it was exec'd exactly as an
-    exec'd rank would be: whatever was ignored before stays ignored, SIGINT raises KeyboardInterrupt, SIGPIPE and
-    SIGXFSZ ignored by Python at start-up); nothing blocked."""
-    for sig, handler in initial.items():
-        with contextlib.suppress(OSError, ValueError, RuntimeError, TypeError):
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-# ddpboot/contract.py's STACKS_VAR and its register_stacks, written again (this file imports nothing of ddpboot):
-# `SIGNO:PATH`, faulthandler appends every thread's stack to PATH on signal SIGNO (the launcher's stack dumps).
-STACKS_VAR = "DDPBOOT_STACKS"
-_stacks_files: list[Any] = []
-
-
-def _register_stacks(value: str) -> None:
-    signo, _, path = value.partition(":")
-    if signo.isdigit() and path:
-        with contextlib.suppress(OSError, ValueError, RuntimeError):
-            f = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- faulthandler writes to it until the rank ends
-            faulthandler.register(int(signo), file=f, all_threads=True, chain=False)
-            _stacks_files.append(f)
-
-
-def _prefer_nodes(nodes: list[int]) -> None:
-    """The rank's memory preferred from `nodes` (launch/procs/mempolicy.py says why; this process imports nothing of
-    ddpboot): MPOL_PREFERRED_MANY, or MPOL_PREFERRED on the first node on a kernel without it."""
-    number = {"x86_64": 238, "aarch64": 237, "ppc64le": 260}.get(os.uname().machine)
-    if number is None:
-        return
-    for mode, chosen in ((5, nodes), (1, [min(nodes)])):
-        words = max(chosen) // 64 + 1
-        mask = (ctypes.c_ulong * words)()
-        for n in chosen:
-            mask[n // 64] |= 1 << (n % 64)
-        if _libc.syscall(number, mode, mask, ctypes.c_ulong(words * 64 + 1)) == 0:
-            return
-    raise OSError(ctypes.get_errno(), "set_mempolicy failed")
-
-
-def _max_fd() -> int:
-    try:
-        return int(os.sysconf("SC_OPEN_MAX"))
-    except (ValueError, OSError):
-        return 65536
-
-
-def _exit_code(exc: SystemExit) -> int:
-    """CPython's handling of SystemExit's argument."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    with contextlib.suppress(Exception):
-        print(code, file=sys.stderr)
-    return 1
-
-
-def _finish(code: int, interrupted: bool = False) -> None:
-    """The interpreter's exit sequence, without finalising the zygote's frames: non-daemon threads, atexit,
-    flush, exit."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        with contextlib.suppress(Exception):
-            threading._shutdown()  # type: ignore[attr-defined]
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            code = 120 if code == 0 else code
-    if interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)
-
-
-def _run_target(req: dict[str, Any]) -> None:
-    """Run the rank's target as __main__; never returns."""
-    kind, name, args = req["kind"], req["name"], list(req["args"])
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    try:
-        if kind == "module":
-            import runpy
-
-            sys.argv = ["-m", *args]
-            sys.path[0] = req["path0"]
-            sys.modules["__main__"] = main
-            runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
-        elif kind == "run_path":
-            import runpy
-
-            sys.argv = [name, *args]
-            sys.path[0] = req["path0"]
-            runpy.run_path(name, run_name="__main__")
-        else:
-            sys.argv = [name, *args]
-            sys.path[0] = req["path0"]
-            path = os.path.abspath(name)
-            if os.path.isdir(path) or not os.path.isfile(path):  # a directory or zip with __main__.py
-                import runpy
-
-                sys.modules["__main__"] = main
-                runpy.run_path(path, run_name="__main__")
-            else:
-                from importlib.machinery import SourceFileLoader
-
-                with open(path, "rb") as f:
-                    source = f.read()
-                main.__dict__.update(__file__=path, __cached__=None, __spec__=None, __package__=None,
-                                     __loader__=SourceFileLoader("__main__", path))
-                sys.modules["__main__"] = main
-                code = compile(source, path, "exec", dont_inherit=True)
-                exec(code, main.__dict__)
-    except SystemExit as exc:
-        _finish(_exit_code(exc))
-    except BaseException as exc:
-        tb = exc.__traceback__
-        # Drop the zygote's own frames: the traceback starts where python's would, at the script.
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next
-        exc.__traceback__ = tb
-        # What python does for an uncaught exception before printing it (atexit handlers may look at them).
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
-        if sys.version_info >= (3, 12):
-            sys.last_exc = exc
-        with contextlib.suppress(Exception):
-            sys.excepthook(type(exc), exc, tb)
-        _finish(1, interrupted=isinstance(exc, KeyboardInterrupt))
-    _finish(0)
-
-
-def _child(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, keep_closed: list[Any],
-           initial: dict[int, Any]) -> None:
-    code = 127
-    try:
-        os.setsid()
-        if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != zygote:
-            os._exit(code)
-        signal.set_wakeup_fd(-1)
-        for obj in keep_closed:  # the zygote's own descriptors, closed through their objects
-            obj.close()
-        _fresh_dispositions(initial)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.closerange(3, _max_fd())
-        if req["cpus"]:
-            os.sched_setaffinity(0, req["cpus"])
-        if req.get("mems"):
-            with contextlib.suppress(OSError):  # a preference: the launcher said once if the kernel refuses it
-                _prefer_nodes(req["mems"])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        _register_stacks(req["env"].get(STACKS_VAR, ""))
-        torch = sys.modules.get("torch")
-        threads = req["env"].get("OMP_NUM_THREADS", "")
-        if torch is not None and threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))
-        np = sys.modules.get("numpy")
-        if np is not None:
-            np.random.seed()
-    except BaseException as exc:
-        try:
-            os.write(2, f"ddpboot fast start: cannot prepare the rank's process: {exc!r}\n".encode())
-        finally:
-            os._exit(code)
-    _run_target(req)
-
-
 def main() -> None:
     ctl = socket.socket(fileno=CTL_FD)
     path0, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
@@ -259,13 +95,17 @@ def main() -> None:
     sys.path[0] = path0
     initial = _dispositions()
     _ignore_signals()
+    signal.signal(LAUNCHER_GONE, lambda *_: os._exit(0))  # while importing: no rank yet, nothing to end
     t0 = time.monotonic()
     torch_version = _import_preloads(ctl, preload)
     import_s = time.monotonic() - t0
     gc.collect()
     gc.freeze()  # what the ranks inherit stays shared: no collector pass touches (copies) the imported objects
-    _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
-                "modules": len(sys.modules), "torch": torch_version})
+    try:
+        _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
+                    "modules": len(sys.modules), "torch": torch_version})
+    except OSError:  # the launcher is gone
+        os._exit(0)
     _Server(ctl, initial).serve()
 
 
@@ -284,20 +124,24 @@ def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
         for mod in preload:
             importlib.import_module(mod)
     except BaseException as exc:
-        _send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
+        with contextlib.suppress(OSError):
+            _send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
         os._exit(1)
     return torch_version
 
 
 class _Server:
-    """The serving loop: spawn requests from the launcher, SIGCHLD (through a wake-up pipe) for the ranks' exits."""
+    """The serving loop: spawn requests from the launcher, SIGCHLD (through a wake-up pipe) for the ranks' exits, the
+    launcher's end. A child subreaper: what the ranks leave running is its child, reaped here, ended by `_end`."""
 
     def __init__(self, ctl: socket.socket, initial: dict[int, Any]) -> None:
         self.ctl = ctl
         self.initial = initial
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(LAUNCHER_GONE, lambda *_: None)
         signal.set_wakeup_fd(self.wake_w)
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.sel = selectors.DefaultSelector()
         self.sel.register(ctl, selectors.EVENT_READ, "ctl")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
@@ -308,27 +152,32 @@ class _Server:
         while True:
             for key, _ in self.sel.select():
                 if key.data == "wake":
-                    self._drain_wakeups()
+                    if LAUNCHER_GONE in self._drain_wakeups():
+                        self._end()
                 else:
                     self._request()
             self._reap()
 
-    def _drain_wakeups(self) -> None:
+    def _drain_wakeups(self) -> set[int]:
+        seen: set[int] = set()
         try:
-            while os.read(self.wake_r, 512):
-                pass
+            while data := os.read(self.wake_r, 512):
+                seen.update(data)
         except BlockingIOError:
             pass
+        return seen
 
     def _request(self) -> None:
         try:
             data, fds, _flags, _addr = socket.recv_fds(self.ctl, MAX_MSG, 2)
         except InterruptedError:
             return
-        if not data:  # the launcher is done (or gone): the ranks' parent goes, and they with it
+        except OSError:  # ECONNRESET: the launcher died with a message unread
+            data, fds = b"", []
+        if not data:  # the launcher is done (or gone)
             for fd in fds:
                 os.close(fd)
-            os._exit(0)
+            self._end()
         req = json.loads(data)
         if req.get("op") != "spawn" or len(fds) != 2:
             for fd in fds:
@@ -337,22 +186,67 @@ class _Server:
         pid = os.fork()
         if pid == 0:
             self.sel.close()
-            _child(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)], self.initial)
+            forked.run_rank(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)],
+                            self.initial)
         for fd in fds:
             os.close(fd)
         self.children.add(pid)
-        _send(self.ctl, {"op": "started", "id": req["id"], "pid": pid})
+        self._tell({"op": "started", "id": req["id"], "pid": pid})
+
+    def _tell(self, msg: dict[str, Any]) -> None:
+        try:
+            _send(self.ctl, msg)
+        except OSError:  # the launcher is gone
+            self._end()
 
     def _reap(self) -> None:
-        while self.children:
+        """Every exited child (a rank, or an orphan it left and this process adopted); a rank's exit is reported."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break
+                return
             if pid == 0:
-                break
-            self.children.discard(pid)
-            _send(self.ctl, {"op": "exit", "pid": pid, "status": status})
+                return
+            if pid in self.children:
+                self.children.discard(pid)
+                self._tell({"op": "exit", "pid": pid, "status": status})
+
+    def _end(self) -> None:
+        """Exit, after SIGKILL to every process below this one: the ranks, and whatever they left running, which a
+        subreaper has adopted (killing a child makes its own children ours: again until none is left). Each is an
+        unreaped child of ours when signalled, so its pid cannot name another process. Never returns."""
+        with contextlib.suppress(OSError):
+            self.ctl.close()
+        deadline = time.monotonic() + END_TIMEOUT
+        while time.monotonic() < deadline:
+            for pid in _children(self.me):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                break  # nothing below us any more
+            time.sleep(0.005)
+        os._exit(0)
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`, from /proc (zombies need no signal, only reaping)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and fields[0] != b"Z" and int(fields[1]) == pid:
+            found.append(int(name))
+    return found
 
 
 class _Fd:

@@ -13,8 +13,9 @@ It is forked (not exec'd): the launcher has not imported torch and runs no threa
 interpreter start-up, no imports) and safe. It ignores the signals a terminal or a scheduler sends to the launcher's
 process group; its life is tied to the socketpair.
 
-Control messages, one per line, launcher → guardian: `+PGID` (a worker group exists), `-PGID` (it is gone: never
-signal that number again, the pid may be reused), `reset` (empty the store for the next attempt; answered `ok`),
+Control messages, one per line, launcher → guardian: `+PGID:START` (a worker group exists; START, its leader's start
+time, tells the group from a later process given the same number: procstat.group_still_ours), `-PGID` (it is gone:
+never signal that number again, the pid may be reused), `reset` (empty the store for the next attempt; answered `ok`),
 `joined` (whether any rank has joined the rendezvous since the start; answered `yes`, `no`, or `unknown` for torch's
 own store), `quit` (the launcher is done and has stopped every group itself).
 """
@@ -36,6 +37,7 @@ from typing import Any
 
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.groups import NotOurGroup, signal_group
+from ddpboot.launch.procs.procstat import group_still_ours
 from ddpboot.launch.spec import StoreBackend
 from ddpboot.tcpstore.address import listening_sockets
 from ddpboot.tcpstore.allow import AllowList
@@ -62,8 +64,8 @@ class Guardian:
         except OSError as exc:
             raise GuardianError(f"the guardian process (pid {self.pid}) is gone: {exc}") from None
 
-    def add(self, pgid: int) -> None:
-        self._send(f"+{pgid}")
+    def add(self, pgid: int, start: int | None) -> None:
+        self._send(f"+{pgid}:{'' if start is None else start}")
 
     def remove(self, pgid: int) -> None:
         self._send(f"-{pgid}")
@@ -197,7 +199,7 @@ class _Control:
         self.stores = stores
         self.tempdir = tempdir
         self.run_dir = run_dir
-        self.groups: set[int] = set()
+        self.groups: dict[int, int | None] = {}  # pgid → its leader's start time
         self.pending = b""
         self.done = False
 
@@ -216,9 +218,10 @@ class _Control:
 
     def launcher_gone(self) -> None:
         """Nothing of the job may outlive the launcher."""
-        for pgid in self.groups:
-            with contextlib.suppress(OSError, NotOurGroup):
-                signal_group(pgid, signal.SIGKILL)
+        for pgid, start in self.groups.items():
+            if group_still_ours(pgid, start):
+                with contextlib.suppress(OSError, NotOurGroup):
+                    signal_group(pgid, signal.SIGKILL)
         if self.run_dir is not None:
             _kill_marked(self.run_dir)
         if self.tempdir is not None:
@@ -227,9 +230,10 @@ class _Control:
 
     def command(self, cmd: str) -> None:
         if cmd.startswith("+"):
-            self.groups.add(int(cmd[1:]))
+            pgid, _, start = cmd[1:].partition(":")
+            self.groups[int(pgid)] = int(start) if start else None
         elif cmd.startswith("-"):
-            self.groups.discard(int(cmd[1:]))
+            self.groups.pop(int(cmd[1:]), None)
         elif cmd == "reset":
             self.stores.reset()
             self.ctl.sendall(b"ok\n")

@@ -6,15 +6,18 @@ Two ways to find them, used together:
 - **The tree.** The launcher is a child subreaper (PR_SET_CHILD_SUBREAPER), so a process whose parent exits is
   reparented to the launcher, however often it forked or changed session. After an attempt, every child of the
   launcher that it did not start itself (the guardian, the fast-start process, the rendezvous agent, the ranks) is
-  something a rank left behind, with all its descendants.
+  something a rank left behind, with all its descendants. Ranks forked by the fast-start process or a warm session
+  (launch/faststart/zygote.py) are its children, and it is a subreaper too: the same holds below it (`adopters`),
+  and it ends everything below it when the launcher is gone, `kill -9` included.
 - **The mark.** Every rank's environment holds TORCHELASTIC_ERROR_FILE, a path inside the job's run directory, and
   a child inherits it. A process of the launcher's user whose environment still holds a path under that directory
-  belongs to the job. This is what the guardian uses after the launcher was killed with SIGKILL: the leftovers are
-  then no longer in any tree of ours.
+  belongs to the job. This is what the guardian uses after the launcher was killed with SIGKILL: an exec'd rank's
+  leftovers are then no longer in any tree of ours.
 
 What neither finds: a process that both cleared its environment (`env -i`, a daemon that rebuilds its environment)
-and left the launcher's tree before the launcher ended, or one that runs as another user. A process that another
-tool moved away (systemd-run, a container runtime) is found only by its mark.
+and left the launcher's tree before the launcher ended (an exec'd rank's: a forked rank's stays in the fast-start
+process's tree), or one that runs as another user. A process that another tool moved away (systemd-run, a
+container runtime) is found only by its mark.
 
 The decisions (`leftovers`, `describe`) are pure functions of a process table; `snapshot` reads the table from
 /proc and `end` signals through pidfds (a pid reused between the snapshot and the signal is never hit: the pidfd
@@ -32,9 +35,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ddpboot.contract import ERROR_FILE_VAR
-from ddpboot.launch.procs.procstat import PROC, read_stat
+from ddpboot.launch.procs.procstat import PROC, is_process, open_process, read_stat
 
 _RANK_FILE = re.compile(r"rank(\d+)\.error\.json$")
 
@@ -126,14 +130,18 @@ def marked(table: Mapping[int, Proc], run_dir: Path, uid: int) -> set[int]:
 
 
 def leftovers(
-    table: Mapping[int, Proc], launcher: int, own: Iterable[int], run_dir: Path, uid: int
+    table: Mapping[int, Proc], launcher: int, own: Iterable[int], run_dir: Path, uid: int,
+    adopters: Iterable[int] = (),
 ) -> list[Proc]:
     """What the job left running: the launcher's children it did not start (`own`: the guardian, the fast-start
-    process, the agent, the ranks) and their descendants, and every process marked with the run directory; never
-    the launcher, its ancestors' line or anything in `own` (or below it, except what carries the mark)."""
+    process, the agent, the ranks) and their descendants, the same below `adopters` (the fast-start process or warm
+    session that forks the ranks: a subreaper too, so a forked rank's orphans are its children), and every process
+    marked with the run directory; never the launcher, its ancestors' line or anything in `own` (or below it,
+    except what carries the mark)."""
     own = set(own)
-    kept = own | {launcher}
-    roots = {p.pid for p in table.values() if p.ppid == launcher and p.pid not in kept}
+    parents = {launcher, *adopters}
+    kept = own | parents
+    roots = {p.pid for p in table.values() if p.ppid in parents and p.pid not in kept}
     found = descendants(table, roots) | marked(table, run_dir, uid)
     return [table[pid] for pid in sorted(found - kept) if pid > 1]
 
@@ -148,8 +156,8 @@ def _short(cmd: str, width: int = 72) -> str:
     return cmd if len(cmd) <= width else cmd[: width - 1] + "…"
 
 
-def describe(found: list[Proc], killed: Iterable[int] = ()) -> str:
-    """One note: which ranks left which processes, and how each was ended."""
+def describe(found: list[Proc], killed: Iterable[int] = (), at_once: bool = False) -> str:
+    """One note: which ranks left which processes, and how each was ended (`at_once`: SIGKILL, no grace)."""
     hard = set(killed)
     by_rank: dict[int | None, list[Proc]] = {}
     for p in found:
@@ -162,30 +170,21 @@ def describe(found: list[Proc], killed: Iterable[int] = ()) -> str:
         parts.append(f"{who} left {len(procs)} process{'es' if len(procs) > 1 else ''} running: {listed}")
     how = "ended with SIGTERM" if not hard else (
         "SIGKILL after the grace for " + ", ".join(f"pid {pid}" for pid in sorted(hard)))
+    if at_once:
+        how = "ended with SIGKILL at once (the launcher was told to stop)"
     return (f"ddpboot: {'; '.join(parts)}; {how} (a process a rank starts must end with it: "
             "see 'Processes a rank leaves behind' in docs/reference.md)")
 
 
 def _open(p: Proc, proc: Path) -> int | None:
-    """A pidfd for the process the snapshot saw (None when it is gone, or its pid now names another process);
-    -1 where this kernel gives no pidfds (before Linux 5.3, or a seccomp filter): then plain pids are used."""
-    try:
-        fd = os.pidfd_open(p.pid)
-    except ProcessLookupError:
-        return None
-    except OSError:
-        fd = -1
-    if not _same(p, proc):
-        if fd >= 0:
-            os.close(fd)
-        return None
-    return fd
+    """A pidfd for the process the snapshot saw (procstat.open_process: None when gone or its pid names another
+    process now, -1 without pidfds)."""
+    return open_process(p.pid, p.start, proc)
 
 
 def _same(p: Proc, proc: Path) -> bool:
     """Whether p's pid still names the process the snapshot saw (its start time), alive."""
-    now = read_proc(p.pid, proc)
-    return now is not None and now.start == p.start and not now.zombie
+    return is_process(p.pid, p.start, proc)
 
 
 def _reap(pid: int) -> None:
@@ -207,9 +206,19 @@ def _send(pid: int, fd: int, signo: int, p: Proc, proc: Path) -> bool:
     return True
 
 
-def _wait(handles: dict[int, tuple[int, Proc]], deadline: float, proc: Path) -> None:
-    """Until every process of `handles` (pid: (pidfd or -1, the process seen)) exited, or the deadline; those
-    exited are removed (and reaped when they are ours)."""
+class Hurry(Protocol):
+    """What cuts a grace short: readable when something may have happened (the launcher's signalfd), then asked."""
+
+    def fileno(self) -> int: ...
+
+    def __call__(self) -> bool:
+        """True: stop waiting now (a second Ctrl-C)."""
+        ...
+
+
+def _wait(handles: dict[int, tuple[int, Proc]], deadline: float, proc: Path, hurry: Hurry | None = None) -> None:
+    """Until every process of `handles` (pid: (pidfd or -1, the process seen)) exited, the deadline, or `hurry`
+    says so; those exited are removed (and reaped when they are ours)."""
     while handles:
         for pid in [pid for pid, (fd, p) in handles.items() if fd < 0 and not _same(p, proc)]:
             _reap(pid)
@@ -219,17 +228,23 @@ def _wait(handles: dict[int, tuple[int, Proc]], deadline: float, proc: Path) -> 
             return
         fds = {fd: pid for pid, (fd, _) in handles.items() if fd >= 0}
         plain = len(fds) < len(handles)
-        ready, _, _ = select.select(list(fds), [], [], min(left, 0.05) if plain else left)
+        extra = [hurry.fileno()] if hurry is not None else []
+        ready, _, _ = select.select([*fds, *extra], [], [], min(left, 0.05) if plain else left)
+        if hurry is not None and extra[0] in ready and hurry():
+            return
         for fd in ready:
+            if fd not in fds:
+                continue
             pid = fds[fd]
             _reap(pid)
             os.close(fd)
             del handles[pid]
 
 
-def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.SIGTERM) -> tuple[list[int], list[int]]:
-    """Send `first` to each process, SIGKILL to those still running after `grace` seconds; (the pids signalled,
-    those that needed SIGKILL). The launcher's own children among them are reaped."""
+def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.SIGTERM,
+        hurry: Hurry | None = None) -> tuple[list[int], list[int]]:
+    """Send `first` to each process, SIGKILL to those still running after `grace` seconds (or as soon as `hurry`
+    says so); (the pids signalled, those that needed SIGKILL). The launcher's own children among them are reaped."""
     handles: dict[int, tuple[int, Proc]] = {}
     signalled = []
     for p in found:
@@ -246,7 +261,7 @@ def end(found: list[Proc], grace: float, proc: Path = PROC, first: int = signal.
             continue
         signalled.append(p.pid)
         handles[p.pid] = (fd, p)
-    _wait(handles, time.monotonic() + grace, proc)
+    _wait(handles, time.monotonic() + grace, proc, hurry)
     hard = sorted(handles)
     for pid, (fd, p) in handles.items():
         _send(pid, fd, signal.SIGKILL, p, proc)

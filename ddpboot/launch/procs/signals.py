@@ -22,7 +22,8 @@ another PID namespace (a container boundary) shows as pid 0, like the kernel, an
 signal the workers.
 
 SIGINT, SIGTERM, SIGHUP and SIGQUIT also stop the job (the workers get `--shutdown-timeout` to exit, then SIGKILL);
-a second SIGINT while stopping kills at once. SIGUSR1 (Lightning's SLURM requeue) and any other handled signal are
+a second SIGINT while stopping means "now": every worker group and what the ranks left running get SIGKILL at once,
+with no stack dump and no grace. SIGUSR1 (Lightning's SLURM requeue) and any other handled signal are
 only forwarded. STACKS_SIGNAL (SIGUSR2) is the launcher's own: it dumps every rank's stack and is not forwarded,
 unless the signals option lists it (then it is forwarded as before); from slurmstepd it is left alone, as before
 (the workers have it already). SLURM's SIGTERM (the time limit, scancel) also dumps the stacks, first.
@@ -135,11 +136,13 @@ class ForwardPolicy:
     last_forward: dict[int, float] = field(default_factory=dict)
     stopping_by: int | None = None
     forward_stacks: bool = False  # the signals option lists STACKS_SIGNAL: forward it instead of dumping
+    hurried: bool = False  # a second SIGINT (or a stop once every rank exited): what is left is killed at once
 
     def decide(self, info: SignalInfo, now: float, name: str | None = None, from_worker: bool = False) -> Decision:
         sig = info.signo
         label = signal_label(sig)
         if sig == signal.SIGINT and self.stopping_by == signal.SIGINT:
+            self.hurried = True
             return Decision(False, True, True, "second SIGINT: killing every worker now")
         stop = sig in STOP_SIGNALS
         if stop and self.stopping_by is None:

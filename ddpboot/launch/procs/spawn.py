@@ -9,8 +9,10 @@ In the child, before exec: a new session (the worker and everything it starts fo
 launcher signals with killpg, and terminal signals do not reach it behind the launcher's back), PR_SET_PDEATHSIG
 (SIGKILL when the launcher dies, e.g. kill -9; the guardian then kills the rest of the group), an empty signal mask
 and default dispositions (the launcher blocks the signals it reads through a signalfd, and Python ignores SIGPIPE;
-both would otherwise be inherited across exec), stdout/stderr onto the launcher's pipes, the plan's CPU affinity,
-and every other inherited descriptor closed.
+both would otherwise be inherited across exec) for SIGPIPE, SIGXFSZ and the signals the launcher forwards
+(`reset_signals`: a background job of a non-interactive shell starts with SIGINT and SIGQUIT ignored, and an
+ignored signal stays ignored across exec, so a forwarded Ctrl-C would never reach the rank), stdout/stderr onto
+the launcher's pipes, the plan's CPU affinity, and every other inherited descriptor closed.
 """
 
 from __future__ import annotations
@@ -104,16 +106,19 @@ def spawn(
     death_signal: int = signal.SIGKILL,
     pass_fd: int | None = None,
     mem_nodes: Sequence[int] = (),
+    reset_signals: Sequence[int] = (),
 ) -> int:
     """Start `argv` (argv[0] must be a path) and return its pid, which is also its process group id. `pass_fd`, if
     given, is the one descriptor besides 0-2 that the program inherits, as its fd 3. `mem_nodes`: the NUMA nodes
-    its memory is preferred from (procs/mempolicy.py)."""
+    its memory is preferred from (procs/mempolicy.py). `reset_signals`: signals it starts with at their default
+    disposition, whatever the launcher inherited (the ones the launcher forwards)."""
     parent = os.getpid()
     err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
     env_b = {k.encode(): v.encode() for k, v in env.items()}
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, observed through the worker's behaviour
-        _child(_ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent, mem_nodes), err_r, err_w)
+        setup = _ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent, mem_nodes, reset_signals)
+        _child(setup, err_r, err_w)
     os.close(err_w)
     failure = _read_all(err_r)
     if failure:
@@ -145,6 +150,7 @@ class _ChildSetup:
     pass_fd: int | None
     parent: int  # the launcher's pid
     mem_nodes: Sequence[int] = ()
+    reset_signals: Sequence[int] = ()
 
 
 def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: no cover - runs in the child
@@ -157,7 +163,8 @@ def _child(setup: _ChildSetup, err_r: int, err_w: int) -> NoReturn:  # pragma: n
         if os.getppid() != setup.parent:  # the launcher died before prctl took effect
             os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # what Python ignores for itself (as Popen restores)
+        # What Python ignores for itself (as Popen restores), and what the launcher forwards (module docstring).
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, *setup.reset_signals):
             signal.signal(sig, signal.SIG_DFL)
         os.dup2(setup.stdout, 1)
         os.dup2(setup.stderr, 2)

@@ -1,11 +1,15 @@
 """Finding a running job's launcher, and asking it for a dump (`ddpboot stacks`, the smoke test's timeout).
 
-Each launcher writes `launcher.json` (its pid, run id and run directory) into its run directory, removed at the end.
-Running jobs are found from their ranks: every rank's environment names its stacks file (STACKS_VAR), inside its
-run directory, so this user's processes in /proc lead to the run directories and their launchers; nothing is left
-behind by a launcher that was killed. `ddpboot stacks` takes a launcher pid, a run directory or a run id, or,
-alone, the one job of this user that runs; it sends STACKS_SIGNAL and waits for the dump's JSON file in the run
-directory.
+Each launcher writes `launcher.json` (its pid, its start time, run id and run directory) into its run directory,
+removed at the end. Running jobs are found from their ranks: every rank's environment names its stacks file
+(STACKS_VAR), inside its run directory, so this user's processes in /proc lead to the run directories and their
+launchers. `ddpboot stacks` takes a launcher pid, a run directory or a run id, or, alone, the one job of this user
+that runs; it sends STACKS_SIGNAL and waits for the dump's JSON file in the run directory.
+
+A launcher killed with SIGKILL leaves its record (and status.json) behind, and the kernel gives its pid to another
+process sooner or later: a record names its launcher by pid *and* start time (procstat.is_process), the signal goes
+through a pidfd opened while both matched, and a record whose launcher has exited is reported as "no longer
+running" and removed (when it is this user's).
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from pathlib import Path
 
 from ddpboot.contract import STACKS_SIGNAL, STACKS_VAR
 from ddpboot.errors import UsageError
-from ddpboot.launch.procs.groups import signal_process
+from ddpboot.launch.procs.procstat import is_process, read_stat, signal_if_same
 
 RECORD = "launcher.json"
+STATUS = "status.json"  # launch/status.py's file, which goes with the record
 
 
 @dataclass(frozen=True)
@@ -29,9 +34,14 @@ class RunRecord:
     pid: int
     run_id: str
     run_dir: Path
+    start: int | None = None  # the launcher's start time (/proc/PID/stat); None: not known, never signalled
 
     def to_json(self) -> str:
-        return json.dumps({"pid": self.pid, "run_id": self.run_id, "run_dir": str(self.run_dir)})
+        return json.dumps({"pid": self.pid, "start": self.start, "run_id": self.run_id, "run_dir": str(self.run_dir)})
+
+    def running(self) -> bool:
+        """Whether the launcher it names still runs (its pid and start time)."""
+        return is_process(self.pid, self.start)
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -61,20 +71,33 @@ def unpublish(record: RunRecord) -> None:
 def _read(path: Path) -> RunRecord | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        record = RunRecord(int(data["pid"]), str(data["run_id"]), Path(data["run_dir"]))
+        start = data.get("start")
+        record = RunRecord(int(data["pid"]), str(data["run_id"]), Path(data["run_dir"]),
+                           None if start is None else int(start))
         return record if record.pid > 1 else None  # a damaged file: pid 0 would signal the caller's group
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def no_longer_running(run_dir: Path, record: RunRecord | None) -> UsageError:
+    """What to say of a run directory whose record names no running launcher; a record whose launcher has certainly
+    exited is removed with the status file, when they are this user's."""
+    if record is None:
+        return UsageError(f"the job of run directory {run_dir} is not running (its {RECORD} cannot be read).")
+    if record.start is None:
+        return UsageError(f"the job of run directory {run_dir} cannot be checked: its {RECORD} names pid "
+                          f"{record.pid} without its start time (written by an older ddpboot), and that pid may be "
+                          "another process by now; it is left alone.")
+    removed = []
+    for name in (RECORD, STATUS):
+        with contextlib.suppress(OSError):
+            if (run_dir / name).stat().st_uid == os.getuid():
+                (run_dir / name).unlink()
+                removed.append(name)
+    cleaned = f"; its stale {' and '.join(removed)} removed" if removed else ""
+    reused = f", and pid {record.pid} is now another process, left alone" if read_stat(record.pid) else ""
+    return UsageError(f"that job is no longer running: the launcher of run directory {run_dir} (pid {record.pid}) "
+                      f"has exited{reused}{cleaned}.")
 
 
 def stacks_paths() -> set[Path]:
@@ -103,7 +126,7 @@ def running() -> list[RunRecord]:
     for path in stacks_paths():
         for run_dir in list(path.parents)[1:3]:
             rec = _read(run_dir / RECORD)
-            if rec is not None and _alive(rec.pid):
+            if rec is not None and rec.running():
                 records[rec.pid] = rec
                 break
     return [records[pid] for pid in sorted(records)]
@@ -123,9 +146,9 @@ def find(run: str | None) -> RunRecord:
     path = Path(run)
     if (path / RECORD).is_file():
         rec = _read(path / RECORD)
-        if rec is not None and _alive(rec.pid):
+        if rec is not None and rec.running():
             return rec
-        raise UsageError(f"the job of run directory {run} is not running (its launcher has exited).")
+        raise no_longer_running(path, rec)
     match = [r for r in jobs if str(r.pid) == run or r.run_id == run]
     if match:
         return match[0]
@@ -138,15 +161,17 @@ def dumps(run_dir: Path) -> set[Path]:
 
 
 def request_dump(record: RunRecord, timeout: float) -> Path | None:
-    """Send the launcher STACKS_SIGNAL; the new dump's JSON file, or None if none came within `timeout`."""
+    """Send the launcher STACKS_SIGNAL (only if the record's pid still names it); the new dump's JSON file, or None
+    if none came within `timeout`."""
     before = dumps(record.run_dir)
-    signal_process(record.pid, STACKS_SIGNAL)
+    if not signal_if_same(record.pid, record.start, STACKS_SIGNAL):
+        raise no_longer_running(record.run_dir, record)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         new = dumps(record.run_dir) - before
         if new:
             return max(new, key=lambda p: p.stat().st_mtime)
-        if not _alive(record.pid):
+        if not record.running():
             return None
         time.sleep(0.05)  # the launcher writes the file; nothing to wait on but its appearance
     return None

@@ -19,13 +19,14 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 
-from ddpboot.contract import STACKS_SIGNAL, exit_mark, stacks_file
+from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
-from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd
+from ddpboot.launch.procs.procstat import start_of
+from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd, signal_label
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
 from ddpboot.launch.stacks import dump as stack_dump
@@ -124,10 +125,10 @@ class Supervisor:
         self.sigfd = SignalFd([*self.spec.signals, STACKS_SIGNAL, signal.SIGCHLD])
         self.sel.register(self.sigfd, selectors.EVENT_READ, SIGNALS_KEY)
         starter = None
-        record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve())
+        record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve(), start_of(os.getpid()))
         publish(record)
         try:
-            starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console)
+            starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console, self.spec.signals)
             self.own = leftovers.children(os.getpid())
             self.procs = ProcessTable(guardian, starter, self.clock)
             if self.before_start is not None:
@@ -199,19 +200,26 @@ class Supervisor:
             f"of {self.spec.max_restarts} (TORCHELASTIC_RESTART_COUNT={attempt + 1})"
         )
 
-    def _end_leftovers(self) -> None:
-        """End what the attempt's ranks left running (leftovers.py): SIGTERM, the shutdown timeout, SIGKILL."""
+    def _end_leftovers(self, hurry: leftovers.Hurry | None = None) -> None:
+        """End what the attempt's ranks left running (leftovers.py): SIGTERM, the shutdown timeout (cut short by
+        `hurry`), SIGKILL; SIGKILL at once after a second SIGINT. Below the launcher, and below the process that
+        forked the ranks (fast start, a warm session), which adopts their orphans as the launcher does."""
         workers = {w.pid for w in self.procs.workers} if self.procs is not None else set()
-        found = leftovers.leftovers(leftovers.snapshot(), os.getpid(), self.own | workers, self.workdir, os.getuid())
+        adopters = [self.fast_start.pid] if self.fast_start is not None else []
+        found = leftovers.leftovers(leftovers.snapshot(), os.getpid(), self.own | workers, self.workdir, os.getuid(),
+                                    adopters)
         if found:
-            signalled, killed = leftovers.end(found, min(self.spec.shutdown_timeout, MAX_LEFTOVER_GRACE))
+            now = self.policy.hurried
+            grace = 0.0 if now else min(self.spec.shutdown_timeout, MAX_LEFTOVER_GRACE)
+            signalled, killed = leftovers.end(found, grace, first=signal.SIGKILL if now else signal.SIGTERM,
+                                              hurry=hurry)
             if signalled:  # the others ended by themselves meanwhile
-                self.console.message(leftovers.describe([p for p in found if p.pid in signalled], killed))
+                self.console.message(leftovers.describe([p for p in found if p.pid in signalled], killed, now))
 
     def _finish(self) -> None:
         if self.procs is not None:
             self.procs.kill_all()
-            self._end_leftovers()
+            self._end_leftovers(_StopCutsGrace(self.sigfd, self.console) if self.sigfd is not None else None)
         if self.sigfd is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.sigfd)
@@ -262,6 +270,25 @@ class Supervisor:
 
     def _snapshot(self) -> Hashable | None:
         return stack_dump.fingerprint(stack_dump.take(self._targets(), "snapshot", self.setup.base_env))
+
+
+class _StopCutsGrace:
+    """leftovers.Hurry over the launcher's signalfd: while what the ranks left gets its grace at the job's end, a stop
+    signal (a second Ctrl-C) means now."""
+
+    def __init__(self, sigfd: SignalFd, console: Console) -> None:
+        self.sigfd = sigfd
+        self.console = console
+
+    def fileno(self) -> int:
+        return self.sigfd.fileno()
+
+    def __call__(self) -> bool:
+        stops = [i for i in self.sigfd.read() if i.signo in STOP_SIGNALS]
+        if stops:
+            self.console.message(f"ddpboot: received {signal_label(stops[0].signo)}: ending what the ranks left "
+                                 "running now (SIGKILL)")
+        return bool(stops)
 
 
 def _wait_for_threads() -> None:

@@ -19,10 +19,10 @@ When every rank has exited, processes left in a worker's group (a daemon, a data
 to go on their own, then SIGTERM and, after the shutdown timeout, SIGKILL, as torchrun stops its groups at the end.
 
 Stack dumps (DumpStacks; ddpboot/launch/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
-get SIGKILL; on SLURM's SIGTERM; and with `--stall-timeout`, when no rank made progress for that long. Progress
-(progress.py's StallWatch) is any output from a rank, a rank exiting, or a rank using
-at least BUSY of a core since the last sample: a long, quiet step computes, a rank waiting for a peer in gloo
-sleeps in the kernel.
+get SIGKILL (not after a second SIGINT: that kills at once, and says so); on SLURM's SIGTERM; and with
+`--stall-timeout`, when no rank made progress for that long. Progress (progress.py's StallWatch) is any output from
+a rank, a rank exiting, or a rank using at least BUSY of a core since the last sample: a long, quiet step computes,
+a rank waiting for a peer in gloo sleeps in the kernel.
 """
 
 from __future__ import annotations
@@ -216,6 +216,10 @@ class AttemptDecisions:
         who = "the terminal or the kernel" if info.pid == 0 else f"pid {info.pid} ({sender or '?'})"
         actions: list[Action] = [Say(f"ddpboot: received {label} from {who}: {decision.why}")]
         everyone = tuple(range(len(self.ranks)))
+        # Every rank has exited: the signal stops nothing of the job (its code stays the ranks'), and what they left
+        # running gets no grace.
+        over = decision.stop and all(r.exited for r in self.ranks)
+        kill = decision.kill or over
         if decision.dump:
             actions.append(DumpStacks(f"{label} from {who}"))
             self.dumped_stopping = self.dumped_stopping or decision.stop
@@ -223,18 +227,21 @@ class AttemptDecisions:
             actions.append(SignalGroups(everyone, info.signo))
             if decision.stop:
                 self._note(everyone, f"{label} (forwarded)")
-        if decision.kill:
+        if kill:
+            self.policy.hurried = True
             actions.append(SignalGroups(everyone, signal.SIGKILL))
-            self._note(everyone, "SIGKILL (second SIGINT)")
+            self._note(everyone, "SIGKILL (second SIGINT)" if decision.kill else f"SIGKILL ({label}, ranks done)")
         elif not decision.stop:
             return actions
-        if self.root is None and self.stop_signal is None:
+        if self.root is None and self.stop_signal is None and not over:
             self.stop_signal = info.signo
         # Workers that got neither our forward nor the sender's own delivery are asked to stop with SIGTERM.
-        terminate = decision.terminate_workers and not decision.kill
+        terminate = decision.terminate_workers and not kill
         actions += self._stop(signal.SIGTERM if terminate else None, f"{label} to the launcher", now)
-        if decision.kill:
-            self.deadlines.kill = now
+        if kill:  # "now": SIGKILL is sent; no shutdown timeout left, no dump of ranks killed on purpose
+            self.dumped_stopping = True
+            self.deadlines.kill = None
+            self.deadlines.report = now + STUCK_REPORT
         return actions
 
     def workers_exited(self, exits: Sequence[tuple[int, int]], now: float) -> list[Action]:

@@ -144,7 +144,9 @@ class ProcessTable:
                     os.close(out_w)
                     os.close(err_w)
                 w.started = self.clock()
-                self.guardian.add(w.pid)
+                stat = read_stat(w.pid)  # its identity, while it cannot have been reaped yet (or only just)
+                w.pid_start = stat.start if stat is not None else None
+                self.guardian.add(w.pid, w.pid_start)
                 for fd, stream in ((out_r, w.out), (err_r, w.err)):
                     os.set_blocking(fd, False)
                     pipes[fd] = stream

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+from collections.abc import Sequence
 from typing import Protocol
 
 from ddpboot.launch.env import exec_argv
@@ -46,14 +47,15 @@ class Starter(Protocol):
 
 class ExecStarter:
     """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py); a Python target's through the
-    rank bootstrap (launch/env.py exec_argv)."""
+    rank bootstrap (launch/env.py exec_argv). Each starts with the forwarded `signals` at their default disposition."""
 
-    def __init__(self, kind: str = "binary") -> None:
+    def __init__(self, kind: str = "binary", signals: Sequence[int] = ()) -> None:
         self.kind = kind  # the target's kind (launch/spec.py Target)
+        self.signals = tuple(signals)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
         return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus,
-                     mem_nodes=worker.slot.mem_nodes)
+                     mem_nodes=worker.slot.mem_nodes, reset_signals=self.signals)
 
     def exits(self) -> list[tuple[int, int]]:
         return []
@@ -113,17 +115,19 @@ class FastStartStarter:
 
 
 def choose_starter(
-    fast_start: FastStartProcess | None, target: Target, sel: selectors.BaseSelector, console: Console
+    fast_start: FastStartProcess | None, target: Target, sel: selectors.BaseSelector, console: Console,
+    signals: Sequence[int] = (),
 ) -> Starter:
     """The zygote once it is ready (its imports overlapped the launcher's own start-up and the nodes' check-in);
-    exec when there is none or it cannot start, and then the message says why."""
+    exec when there is none or it cannot start, and then the message says why. `signals`: those the launcher
+    forwards, which an exec'd rank starts with at their defaults (the zygote was started so, launch/runner.py)."""
     if fast_start is None:
-        return ExecStarter(target.kind)
+        return ExecStarter(target.kind, signals)
     try:
         info = fast_start.wait_ready()
     except FastStartError as exc:
         console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
-        return ExecStarter(target.kind)
+        return ExecStarter(target.kind, signals)
     if os.environ.get("DDPBOOT_DEBUG"):
         console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
                         f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")

@@ -49,6 +49,7 @@ class Worker:
     err: RankStream
     log: LogFile | None = None
     pid: int = 0
+    pid_start: int | None = None  # its start time (/proc/PID/stat): the pid and this name the process
     started: float = 0.0
     ended: float | None = None
     status: int | None = None  # the wait status once reaped

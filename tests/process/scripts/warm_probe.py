@@ -1,9 +1,11 @@
-"""What a rank inherits from whoever started the launch: cwd, umask, limits, priority, stdin, environment, CPUs.
+"""What a rank inherits from whoever started the launch: cwd, umask, limits, priority, stdin, environment, CPUs,
+signal dispositions.
 Written to LAUNCH_TEST_OUT/probe<RANK>.json; the warm tests compare a warm launch's with an exec'd one's."""
 
 import json
 import os
 import resource
+import signal
 import sys
 from pathlib import Path
 
@@ -25,6 +27,10 @@ data = {
     "stdout_tty": sys.stdout.isatty(),
     "pid": os.getpid(),
     "ppid": os.getppid(),
+    # The signals the kernel says this process ignores, and what SIGINT does (KeyboardInterrupt, as python starts).
+    "sigign": next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
+                   if line.startswith("SigIgn:")),
+    "sigint": repr(signal.getsignal(signal.SIGINT)),
 }
 (Path(os.environ["LAUNCH_TEST_OUT"]) / f"probe{rank}.json").write_text(json.dumps(data))
 print(f"rank {rank} probed", flush=True)

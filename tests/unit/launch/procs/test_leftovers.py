@@ -35,6 +35,18 @@ def test_reparented_children_and_their_descendants_are_left_over_but_ours_are_no
     assert [p.pid for p in found] == [200, 201]
 
 
+def test_below_the_process_that_forks_the_ranks_its_adopted_orphans_are_left_over_not_its_ranks() -> None:
+    """A forked rank's daemon is the fast-start process's (or warm session's) child: it is a subreaper too."""
+    t = table(
+        proc(1, 0), proc(LAUNCHER, 1), proc(102, LAUNCHER, cmd="zygote"), proc(900, 1, cmd="warm session"),
+        proc(103, 102, cmd="rank 0"), proc(104, 102, cmd="daemon of a rank"), proc(105, 104, cmd="its child"),
+        proc(901, 900, cmd="rank 1"), proc(902, 900, cmd="daemon of a warm rank"), proc(903, 1, cmd="unrelated"),
+    )
+    found = leftovers.leftovers(t, LAUNCHER, {102, 103, 901}, RUN, UID, adopters=[102, 900])
+    assert [p.pid for p in found] == [104, 105, 902]
+    assert leftovers.leftovers(t, LAUNCHER, {102, 103, 901}, RUN, UID) == []  # without them: none of those
+
+
 def test_marked_processes_are_found_anywhere_but_only_ours_and_only_this_run() -> None:
     mine = f"{RUN}/attempt_0/rank3.error.json"
     t = table(
@@ -70,6 +82,7 @@ def test_one_note_names_each_rank_its_processes_and_how_they_ended() -> None:
                            "rank 1 left 2 processes running: pid 300 (sleep 120), pid 302 (" + "x" * 71 + "…); "
                            "a rank left 1 process running: pid 303 (env-less); SIGKILL after the grace for pid 302")
     assert "ended with SIGTERM" in leftovers.describe([a])
+    assert "ended with SIGKILL at once (the launcher was told to stop)" in leftovers.describe([a], at_once=True)
 
 
 def test_snapshot_reads_a_real_process_its_mark_and_end_stops_it(tmp_path: Path) -> None:

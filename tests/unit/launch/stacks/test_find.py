@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.stacks import find as finder
-from ddpboot.launch.stacks.find import RECORD, RunRecord, find, publish, unpublish
+from ddpboot.launch.stacks.find import RECORD, STATUS, RunRecord, find, publish, request_dump, unpublish
+
+ME = start_of(os.getpid())
 
 
 def test_a_run_directory_with_a_live_launcher_is_found_and_unpublished(tmp_path: Path) -> None:
-    me = RunRecord(os.getpid(), "run-7", tmp_path)
+    me = RunRecord(os.getpid(), "run-7", tmp_path, ME)
     publish(me)
     assert find(str(tmp_path)) == me
     unpublish(me)
@@ -24,10 +27,31 @@ def test_a_run_directory_with_a_live_launcher_is_found_and_unpublished(tmp_path:
         find(str(tmp_path))
 
 
-def test_a_dead_launchers_record_is_not_running(tmp_path: Path) -> None:
-    publish(RunRecord(2**22 + 11, "run-8", tmp_path))  # no such process
-    with pytest.raises(UsageError, match="is not running"):
+def test_a_dead_launchers_record_is_no_longer_running_and_removed(tmp_path: Path) -> None:
+    publish(RunRecord(2**22 + 11, "run-8", tmp_path, 12345))  # no such process
+    (tmp_path / STATUS).write_text("{}")
+    with pytest.raises(UsageError, match=r"that job is no longer running: .* \(pid 4194315\) has exited; its stale "
+                       "launcher.json and status.json removed"):
         find(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_record_whose_pid_is_now_another_process_is_not_signalled(tmp_path: Path) -> None:
+    """This very process, under a start time that is not its own: the record's launcher is gone, whoever has the pid."""
+    stale = RunRecord(os.getpid(), "run-10", tmp_path, (ME or 0) + 1)
+    publish(stale)
+    with pytest.raises(UsageError, match="that job is no longer running"):
+        find(str(tmp_path))
+    assert not (tmp_path / RECORD).exists()
+    with pytest.raises(UsageError, match="no longer running"):
+        request_dump(stale, 1.0)  # the signal would have killed this process (SIGUSR2's default)
+
+
+def test_a_record_without_a_start_time_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / RECORD).write_text(f'{{"pid": {os.getpid()}, "run_id": "old", "run_dir": "{tmp_path}"}}')
+    with pytest.raises(UsageError, match=r"without its start time .* it is left alone"):
+        find(str(tmp_path))
+    assert (tmp_path / RECORD).exists()
 
 
 def test_without_run_the_only_job_or_a_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,9 +71,9 @@ def test_running_jobs_are_found_from_their_ranks_environment(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     attempt = tmp_path / "attempt_0"
     attempt.mkdir()
-    publish(RunRecord(os.getpid(), "run-9", tmp_path))
+    publish(RunRecord(os.getpid(), "run-9", tmp_path, ME))
     monkeypatch.setattr(finder, "stacks_paths", lambda: {attempt / "rank0.stacks", attempt / "rank1.stacks"})
-    assert finder.running() == [RunRecord(os.getpid(), "run-9", tmp_path)]
+    assert finder.running() == [RunRecord(os.getpid(), "run-9", tmp_path, ME)]
 
 
 def test_a_rank_process_is_seen_through_proc(tmp_path: Path) -> None:

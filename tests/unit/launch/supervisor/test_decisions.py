@@ -214,8 +214,27 @@ def test_a_second_sigint_kills_at_once() -> None:
     second = d.signal_received(sig(signal.SIGINT, pid=0), 1.2, None, False)
     assert signalled(second) == [((0, 1), signal.SIGKILL)]
     assert "second SIGINT" in said(second)
-    assert signalled(d.tick(1.2)) == [((0, 1), signal.SIGKILL)]  # no shutdown timeout left to wait
+    # "Now": no shutdown timeout left to wait, and no stack dump claiming the ranks outlived it.
+    assert d.tick(1.2) == [] and d.wait_time(1.2) == STUCK_REPORT
+    assert d.tick(1.2 + STUCK_REPORT) == [ReportStuck()]
     assert d.exit_code() == 128 + signal.SIGINT
+
+
+def test_ten_sigints_kill_once_and_never_dump() -> None:
+    d = decisions(n=2)
+    actions = [a for i in range(10) for a in d.signal_received(sig(signal.SIGINT, pid=0), 1.0 + i / 10, None, False)]
+    assert signalled(actions)[:2] == [((0, 1), signal.SIGINT), ((0, 1), signal.SIGKILL)]
+    assert not any(isinstance(a, DumpStacks) for a in actions + d.tick(2.0) + d.tick(100.0))
+    assert d.exit_code() == 128 + signal.SIGINT
+
+
+def test_a_stop_signal_after_every_rank_exited_keeps_their_code_and_hurries() -> None:
+    d = decisions(n=2)
+    d.workers_exited([(0, 0), (1, 0)], 1.0)
+    actions = d.signal_received(sig(signal.SIGINT, pid=0), 2.0, None, False)
+    assert ((0, 1), signal.SIGKILL) in signalled(actions)  # what remains in their groups: no grace
+    assert d.policy.hurried and d.stop_signal is None and d.exit_code() == 0
+    assert not any(isinstance(a, DumpStacks) for a in actions + d.tick(2.0))
 
 
 def test_a_failure_before_a_signal_keeps_the_failures_code() -> None:
