@@ -139,6 +139,16 @@ class ClusterEnvironment(abc.ABC):
         return None
 
     @property
+    def placed_by_hosts(self) -> bool:
+        """Whether the node rank and count are only an estimate (the launcher gives no node index): init() then
+        asks every rank's host once the process group exists and calls `place` (cluster/placement.py)."""
+        return False
+
+    def place(self, node_rank: int, nnodes: int) -> None:
+        """The node rank and count found from where the ranks run."""
+        self._node_rank, self._nnodes = node_rank, nnodes
+
+    @property
     def notes(self) -> tuple[str, ...]:
         """Assumptions this environment made that the user should hear about (`ddpboot.init()` warns with each)."""
         return ()

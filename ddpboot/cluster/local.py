@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ddpboot.cluster.base import ClusterEnvironment
+from ddpboot.cluster.parallel import unknown_launch
 from ddpboot.cluster.torchrun import ENV_INIT_VARS
 from ddpboot.errors import WorkerEnvError
 
@@ -29,6 +30,13 @@ class LocalEnvironment(ClusterEnvironment):
 
     def __init__(self, env: Mapping[str, str]) -> None:
         _check_no_partial_contract(env)
+        unknown = unknown_launch(env, "this process")
+        if unknown is not None:
+            raise WorkerEnvError(
+                f"{unknown}. Fix: start the script with ddpboot or torchrun on each node, or export RANK, "
+                "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for each task; if no "
+                "launcher started this process (the variables were left in the shell), unset them."
+            )
         self._set(rank=0, world_size=1)
 
     @classmethod

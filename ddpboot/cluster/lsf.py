@@ -74,6 +74,7 @@ class JsrunEnvironment(ClusterEnvironment):
     def __init__(self, env: Mapping[str, str]) -> None:
         self._rank, self._world_size, self._local_rank, self._local_world_size = read_ranks(
             env, [_RANK], [_SIZE], [_LOCAL_RANK], [_LOCAL_SIZE], _CONTEXT)
+        # An estimate (jsrun's placement may be cyclic): init() asks where the ranks run (cluster/placement.py).
         self._nnodes = -(-self._world_size // self._local_world_size)
         self._node_rank = min(self._rank // self._local_world_size, self._nnodes - 1)
         one_host = self._local_world_size == self._world_size
@@ -82,6 +83,10 @@ class JsrunEnvironment(ClusterEnvironment):
         step = first_set(env, ["PMIX_NAMESPACE", "LSB_JOBID"])
         self._main_port = (parse_port(*explicit) if explicit else job_port(f"{step[0]}={step[1]}") if step
                            else 29500)
+
+    @property
+    def placed_by_hosts(self) -> bool:
+        return self._local_world_size < self._world_size
 
     def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
         """jsrun's `-g` usually gives each resource set its own GPUs already; where a task sees the node's, it takes

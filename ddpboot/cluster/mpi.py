@@ -18,9 +18,12 @@ they meet; Lightning asks mpi4py, which needs MPI_Init in every rank):
   the launcher's process on this node that started the ranks (hydra_pmi_proxy, mpispawn); on several hosts
   torchrun's default 29500.
 
-Node rank and count: PALS_NODEID and Open MPI's node count where given; otherwise derived from mpirun's default
-placement (consecutive ranks fill a node): node = rank // local size. They only inform (`ctx.node_rank`,
-GROUP_RANK); the ranks meet by rank and address.
+Node rank and count: PALS_NODEID and Open MPI's node count where given. Otherwise, on one host, node 0 of 1; on
+several, no variable says which node a rank is on (a hostfile without `:N` deals ranks round-robin, hosts may run
+different numbers of ranks), so `ddpboot.init()` asks every rank's host once the process group exists
+(cluster/placement.py); until then, and for `describe`, the estimate of mpirun's default placement (consecutive
+ranks fill a node), rank // local size. The ranks meet by rank and address, so the node only informs
+(`ctx.node_rank`, GROUP_RANK, GROUP_WORLD_SIZE).
 """
 
 from __future__ import annotations
@@ -56,18 +59,32 @@ class Flavour(NamedTuple):
     job: tuple[str, ...] = ()  # the same on every rank of the job
     nnodes: tuple[str, ...] = ()
     node_rank: tuple[str, ...] = ()
+    forward: str = "its mpiexec passes the environment on"  # how a variable reaches every rank
+
+    def given(self, env: Mapping[str, str]) -> list[str]:
+        """`NAME=VALUE` of this flavour's rank, size, local rank and local size variables in `env`."""
+        found = [first_set(env, names) for names in (self.rank, self.size, self.local_rank, self.local_size)]
+        return [f"{name}={value}" for name, value in filter(None, found)]
+
+    def unset_fix(self, env: Mapping[str, str]) -> str:
+        """What to do when no mpirun started the process: the variables were left in the shell."""
+        names = " ".join(g.partition("=")[0] for g in self.given(env))
+        return (f"If no mpirun or mpiexec started this process ({self.name}'s variables left in a shell), unset "
+                f"them: unset {names}.")
 
 
 FLAVOURS: tuple[Flavour, ...] = (
     Flavour("Open MPI", ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
             ("OMPI_COMM_WORLD_LOCAL_SIZE",), job=("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"),
-            nnodes=("OMPI_MCA_orte_num_nodes",)),
+            nnodes=("OMPI_MCA_orte_num_nodes",), forward="Open MPI's mpirun forwards it with -x MASTER_ADDR"),
     Flavour("MVAPICH", ("MV2_COMM_WORLD_RANK",), ("MV2_COMM_WORLD_SIZE",), ("MV2_COMM_WORLD_LOCAL_RANK",),
-            ("MV2_COMM_WORLD_LOCAL_SIZE", "MPISPAWN_LOCAL_NPROCS"), job=("PMIX_NAMESPACE",)),
+            ("MV2_COMM_WORLD_LOCAL_SIZE", "MPISPAWN_LOCAL_NPROCS"), job=("PMIX_NAMESPACE",),
+            forward="mpirun_rsh passes the variables given on its command line (mpirun_rsh ... MASTER_ADDR=HOST ...)"),
     Flavour("Cray PALS", ("PALS_RANKID",), ("PMI_SIZE", "PALS_SIZE"), ("PALS_LOCAL_RANKID",),
             ("PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE"), job=("PALS_APID",), node_rank=("PALS_NODEID",)),
     Flavour("MPICH/Intel MPI (Hydra)", ("PMI_RANK",), ("PMI_SIZE",), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
-            ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), job=("PMIX_NAMESPACE",)),
+            ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), job=("PMIX_NAMESPACE",),
+            forward="Hydra's mpiexec passes the environment on, or give it with mpiexec -genv MASTER_ADDR HOST"),
 )
 
 LAUNCHER_PROCESSES = frozenset({
@@ -126,7 +143,7 @@ class MpiEnvironment(ClusterEnvironment):
             env, flavour.rank, flavour.size, flavour.local_rank, flavour.local_size, context)
         self._nnodes, self._node_rank = self._nodes(env, flavour)
         one_host = self._local_world_size == self._world_size
-        self._main_address = store_host(env, one_host, _address_fix(flavour))
+        self._main_address = store_host(env, one_host, _address_fix(flavour, env))
         self._main_port = _store_port(env, flavour, one_host)
 
     def _nodes(self, env: Mapping[str, str], flavour: Flavour) -> tuple[int, int]:
@@ -137,7 +154,13 @@ class MpiEnvironment(ClusterEnvironment):
         found = first_set(env, flavour.node_rank)
         node_rank = parse_int(*found) if found else min(self._rank // self._local_world_size, nnodes - 1)
         check_below(found[0] if found else "the MPI node index", node_rank, "the node count", nnodes)
+        self._estimated = found is None and self._local_world_size < self._world_size
         return nnodes, node_rank
+
+    @property
+    def placed_by_hosts(self) -> bool:
+        """No node index from the launcher and ranks on several hosts: init() asks where every rank runs."""
+        return self._estimated
 
     def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
         """Each rank of a node that sees all the node's GPUs takes the one of its local rank."""
@@ -151,13 +174,12 @@ class MpiEnvironment(ClusterEnvironment):
         return f"{super().describe()} ({self.flavour.name})"
 
 
-def _address_fix(flavour: Flavour) -> str:
-    forward = ("mpirun -x MASTER_ADDR -x MASTER_PORT ..." if flavour.name == "Open MPI"
-               else "mpiexec passes the environment on")
-    return (f"{flavour.name}'s variables do not say which host runs rank 0, where the rendezvous store listens. "
-            "Fix: in the job script, before mpirun, export MASTER_ADDR=$(hostname) (the host where rank 0 starts, "
-            f"the first of the host list) and MASTER_PORT=29500 ({forward}), or start one ddpboot launcher per node "
-            "(`mpirun --map-by ppr:1:node ddpboot --nproc N --master-addr HOST train.py`).")
+def _address_fix(flavour: Flavour, env: Mapping[str, str]) -> str:
+    return (f"{flavour.name}'s variables ({', '.join(flavour.given(env))}) do not say which host runs rank 0, where "
+            "the rendezvous store listens. Fix: in the job script, before mpirun, export MASTER_ADDR=$(hostname) (the "
+            f"host where rank 0 starts, the first of the host list) and MASTER_PORT=29500 ({flavour.forward}), or "
+            "start one ddpboot launcher per node (`mpirun --map-by ppr:1:node ddpboot --nproc N --master-addr HOST "
+            f"train.py`). {flavour.unset_fix(env)}")
 
 
 def _store_port(env: Mapping[str, str], flavour: Flavour, one_host: bool) -> int:

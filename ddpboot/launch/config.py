@@ -32,7 +32,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpboot.contract import Isolation
@@ -72,6 +72,7 @@ from ddpboot.launch.spec import (
 )
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
+from ddpboot.nodes.outcome import LinkTiming, link_timing
 from ddpboot.nodes.static import NodeSetup
 from ddpboot.nodes.store_allow import parse_store_allow
 from ddpboot.selection.planner import Plan
@@ -256,6 +257,7 @@ class LaunchConfig:
     role: str = "default"
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    link_timing: LinkTiming = field(default_factory=LinkTiming)  # the node links' beat (--rdzv-conf keep_alive_*)
     output: OutputConfig = field(default_factory=OutputConfig)
     fast_start: bool = False  # the ranks are forked by a process that imported torch (a fast start or warm)
     preloads: tuple[str, ...] = ()  # modules the fast-start process imports before forking the ranks
@@ -330,7 +332,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
                                     not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role)
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
         selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
-        planned = build_plan(selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
+        step = repr((o.script, o.args, o.selection, o.module, o.no_python))  # a pbsdsh step's command (its port)
+        planned = build_plan(selection, replace(o.nodes, step=step), env, max_restarts=o.max_restarts,  # 4 and 6
                              ranks_filter=o.ranks_filter, from_env=o.from_env)
         nodes = planned.nodes
         allow = parse_store_allow(o.store_allow, nodes, backend)
@@ -353,7 +356,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,
             signals=signals, shutdown_timeout=shutdown, monitor_interval=monitor, stall_timeout=stall,
             gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
-            rdzv_conf=conf, join_timeout=join_timeout(conf),
+            rdzv_conf=conf, join_timeout=join_timeout(conf), link_timing=link_timing(conf),
             output=output, fast_start=fast, preloads=preloads, warm=fast and o.warm, warm_idle=warm_idle,
             wait_for_gpus=wait,
             dry_run=o.dry_run, notes=tuple(notes),

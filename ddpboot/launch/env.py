@@ -34,14 +34,23 @@ LOCAL_RANK_MACRO = "${local_rank}"
 
 # NCCL's flight recorder with --log-dir: torch's own ring buffer of collectives, dumped per rank into the attempt
 # directory when a collective times out (read with `torchfrtrace DIR`). Each entry: the names torch reads, newest
-# first (a user's value under any of them wins), and the value. torch 2.11 and later read TORCH_FR_* and print a
-# deprecation warning in every rank for a TORCH_NCCL_* name that has one; older releases know only TORCH_NCCL_*.
-FLIGHT_RECORDER: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
-    (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
-    (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), "{dir}/nccl_trace_rank_"),
+# first, each with the torch release that reads it from on; and the value. A user's value under any of an entry's
+# names wins (ddpboot sets none of them then). ddpboot sets the newest name the workers' torch reads: torch prints
+# a deprecation warning in every rank for an older name that has a newer one (TORCH_FR_BUFFER_SIZE and
+# TORCH_FR_DUMP_TEMP_FILE from 2.11, TORCH_FR_DUMP_ON_TIMEOUT from 2.15); a torch of unknown release gets the
+# oldest, which every release still reads.
+FLIGHT_RECORDER: tuple[tuple[tuple[tuple[str, tuple[int, int]], ...], str], ...] = (
+    ((("TORCH_FR_BUFFER_SIZE", (2, 11)), ("TORCH_NCCL_TRACE_BUFFER_SIZE", (0, 0))), "2000"),
+    ((("TORCH_FR_DUMP_ON_TIMEOUT", (2, 15)), ("TORCH_NCCL_DUMP_ON_TIMEOUT", (0, 0))), "1"),
+    ((("TORCH_FR_DUMP_TEMP_FILE", (2, 11)), ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (0, 0))), "{dir}/nccl_trace_rank_"),
 )
-FR_NAMES_SINCE = (2, 11)  # the torch release from which on the TORCH_FR_* names are set
+
+
+def flight_recorder_name(names: Sequence[tuple[str, tuple[int, int]]], torch: tuple[int, int] | None) -> str:
+    """The newest of `names` that torch release `torch` reads (None: unknown, the oldest)."""
+    if torch is None:
+        return names[-1][0]
+    return next(name for name, since in names if torch >= since)
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ class EnvContext:
     max_restarts: int = 0
     signals: str = ""  # TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun exports it
     trace_dir: str = ""  # where NCCL's flight recorder dumps (the attempt directory with --log-dir); "": not set
-    fr_names: bool = True  # the workers' torch reads TORCH_FR_* (FR_NAMES_SINCE); False: the TORCH_NCCL_* names
+    torch: tuple[int, int] | None = None  # the workers' torch release, for FLIGHT_RECORDER's names; None: unknown
 
 
 def worker_vars(
@@ -95,8 +104,8 @@ def worker_vars(
         out["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ctx.signals
     if ctx.trace_dir:
         for names, value in FLIGHT_RECORDER:
-            if not any(n in base for n in names):
-                out[names[0] if ctx.fr_names else names[-1]] = value.format(dir=ctx.trace_dir)
+            if not any(n in base for n, _ in names):
+                out[flight_recorder_name(names, ctx.torch)] = value.format(dir=ctx.trace_dir)
     return out
 
 

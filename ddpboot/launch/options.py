@@ -168,7 +168,7 @@ REFUSED_TORCHRUN_OPTIONS = {
     "(DIR/RUN_ID/attempt_N/rankG.log) and takes -r/--redirects and -t/--tee as torchrun does. Drop "
     "--logs-specs.",
     "--event-log-handler": "ddpboot has no event handler plugins; the launcher reports each failure on stderr. Drop "
-    "--event-log-handler.",
+    "--event-log-handler, or give torchrun's default, null, which records nothing.",
     "--duplicate-stdout-filters": "ddpboot does not copy matching output lines to a separate file; it writes each "
     "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
     "--duplicate-stdout-filters.",
@@ -176,6 +176,11 @@ REFUSED_TORCHRUN_OPTIONS = {
     "rank's output under --log-dir DIR, where grep finds them, and --ranks-filter shows only some ranks. Drop "
     "--duplicate-stderr-filters.",
 }
+
+
+ACCEPTED_TORCHRUN_VALUES = {"--event-log-handler": ("null",)}
+"""Values of a refused option that ask for nothing ddpboot lacks: torchrun's own default handler, `null`, records
+no event, as ddpboot does."""
 
 
 def numa_selection(text: str, selection: SelectionOptions) -> SelectionOptions:
@@ -194,7 +199,7 @@ def numa_selection(text: str, selection: SelectionOptions) -> SelectionOptions:
 def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:
     """An error naming the first refused torchrun option that was given (a value that is not None)."""
     for option, value in given.items():
-        if value is not None:
+        if value is not None and value.strip().lower() not in ACCEPTED_TORCHRUN_VALUES.get(option, ()):
             raise UsageError(f"{option} {value}: {REFUSED_TORCHRUN_OPTIONS[option]}")
 
 

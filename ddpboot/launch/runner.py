@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import sys
@@ -25,10 +24,12 @@ from typing import TYPE_CHECKING
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig, PlanConfig
 from ddpboot.launch.logs import run_dir
+from ddpboot.launch.nodewatch import link_verdict, link_watch, node_link
 from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
 from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec, RunDir, StoreBackend
 from ddpboot.launch.stacks.find import write_whole
+from ddpboot.nodes.binding import BINDING_NOTE, on_launcher_cpus
 from ddpboot.nodes.launcher import bind_node_store
 from ddpboot.nodes.static import NodeSetup, cluster_info
 from ddpboot.nodes.store_allow import store_allow_list
@@ -40,6 +41,7 @@ from ddpboot.tcpstore.owner import ensure_owner_check
 
 if TYPE_CHECKING:
     from ddpboot.launch.faststart import FastStartProcess
+    from ddpboot.nodes.watch import NodeLink
 
 
 PLAN_FILE = "plan.json"
@@ -117,13 +119,8 @@ def preview_plan(request: Request, nodes: NodeSetup, env: Mapping[str, str]) -> 
     GPUs other ddpboot jobs hold, the node setup). Takes no lock: `ddpboot plan` and a dry run."""
     inventory = load_inventory(env)
     held = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
-    plan = make_plan(
-        request,
-        inventory,
-        env,
-        allowed_cpus=sorted(os.sched_getaffinity(0)),
-        locked={u: h.describe() for u, h in held.items()},
-    )
+    locked = {u: h.describe() for u, h in held.items()}
+    plan = on_launcher_cpus(lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked), env)
     return _with_nodes(plan, nodes)
 
 
@@ -264,6 +261,9 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         plan, locks = _reserve(config)
         if locks is not None:
             stack.callback(locks.release)
+        for note in plan.notes:
+            if note.startswith(BINDING_NOTE):  # an MPI binding narrower than the ranks (nodes/binding.py)
+                say(f"note: {note}")
         plan = _with_nodes(plan, nodes)
         for note in nodes.notes:
             say(f"note: {note}")
@@ -293,8 +293,11 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         from ddpboot.launch.supervisor import Supervisor
 
         fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
+        link = stack.enter_context(node_link(config))  # before the supervisor: one of the launcher's own children
         return Supervisor(spec, plan, listener, env, where, fast_start=fast_start,
-                          before_start=_node_check(config, plan)).run()
+                          before_start=_node_check(config, plan, link),
+                          watch=None if link is None else link_watch(link, len(plan.ranks)),
+                          after_job=None if link is None else link_verdict(link)).run()
 
 
 def _say_if_memory_unbound(plan: Plan) -> None:
@@ -326,10 +329,10 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
     from ddpboot.selection.reserve import reserve
 
     env, request = config.env, config.request
-    cpus = sorted(os.sched_getaffinity(0))
     return reserve(
         lambda: load_inventory(env),
-        lambda inventory, locked: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked),
+        lambda inventory, locked: on_launcher_cpus(
+            lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked), env),
         lock_dir(env),
         wait=config.wait_for_gpus,
         progress=say,
@@ -338,16 +341,20 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
     )
 
 
-def _node_check(config: LaunchConfig, plan: Plan) -> Callable[[], None] | None:
-    """Several nodes: before starting workers, every node checks in through node 0's store (nodes/check.py)."""
+def _node_check(config: LaunchConfig, plan: Plan, link: NodeLink | None) -> Callable[[], None] | None:
+    """Several nodes: before starting workers, every node checks in through node 0's store (nodes/check.py); then
+    the node link starts watching the other nodes (launch/nodewatch.py)."""
     nodes = config.nodes
-    if nodes.nnodes == 1:
+    if nodes.nnodes == 1 and link is None:
         return None
     from ddpboot.nodes.check import check_nodes
 
     def check_in() -> None:
-        check_nodes(nodes.master_addr, nodes.master_port or 0, nodes.nnodes, nodes.node_rank, len(plan.ranks),
-                    timeout=config.join_timeout, tick=WaitTicker())
+        if nodes.nnodes > 1:
+            check_nodes(nodes.master_addr, nodes.master_port or 0, nodes.nnodes, nodes.node_rank, len(plan.ranks),
+                        timeout=config.join_timeout, tick=WaitTicker(), hint=nodes.start_hint())
+        if link is not None:
+            link.begin()
 
     return check_in
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, IntFlag
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ddpboot.errors import UsageError
 from ddpboot.tcpstore.allow import AllowList
@@ -173,9 +173,20 @@ class RunDir:
 
 
 @dataclass(frozen=True)
+class EndJob:
+    """A watch's answer that ends the job (another node failed): `text` is said, every rank gets SIGTERM, and the
+    attempt's exit code is `code`."""
+
+    code: int
+    text: str
+
+
+@dataclass(frozen=True)
 class Watch:
     """Asked every `interval` seconds while the workers run: a reason (not None) stops the attempt, which is
-    recorded as a restart reason (an elastic job's membership change)."""
+    recorded as a restart reason (an elastic job's membership change), or an EndJob. `failed` is given the
+    attempt's root-cause worker as soon as it is chosen (the node link tells the other nodes)."""
 
-    check: Callable[[], str | None]
+    check: Callable[[], str | EndJob | None]
     interval: float = 1.0
+    failed: Callable[[Any], None] | None = None

@@ -48,10 +48,13 @@ def check_nodes(
     timeout: float = DEFAULT_JOIN_TIMEOUT,
     host: str | None = None,
     tick: Callable[[Callable[[], str]], None] | None = None,
+    hint: str = "",
 ) -> None:
     """Publish this node's size, wait for all `nnodes`, raise UsageError if they disagree or do not all come.
     `tick(what)` is called at least twice a second while waiting (it may raise to end the wait); `what()` says what
-    the wait is for."""
+    the wait is for. `hint`: how every node's launcher is started (NodeSetup.start_hint), for the messages."""
+    hint = hint or (f"start one ddpboot per node with the same --nnodes, --master-addr and --master-port and node "
+                    f"ranks 0..{nnodes - 1}")
     host = host or socket.gethostname()
     where = f"{master_addr}:{master_port}"
     _tick = _ticker(tick)
@@ -81,12 +84,12 @@ def check_nodes(
             except StoreTimeout:
                 missing = [r for r in range(nnodes) if not client.check([f"{PREFIX}/{r}"])]
                 claimed = [r for r in range(nnodes) if client.check([f"{PREFIX}/{r}/claims"])]
-                _check_claims([r for r in claimed if int(client.get(f"{PREFIX}/{r}/claims")) > 1], nnodes, where)
+                _check_claims([r for r in claimed if int(client.get(f"{PREFIX}/{r}/claims")) > 1], nnodes, where,
+                              hint)
                 raise UsageError(
                     f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {nnodes} did not join "
-                    f"the store at {where} within {timeout:g} s, so no worker was started. Start one ddpboot per node "
-                    "with the same --nnodes, --master-addr and --master-port and node ranks 0.."
-                    f"{nnodes - 1} (or raise the deadline: --rdzv-conf join_timeout=SECONDS)."
+                    f"the store at {where} within {timeout:g} s, so no worker was started. Every node's launcher "
+                    f"must start: {hint} (or raise the deadline: --rdzv-conf join_timeout=SECONDS)."
                 ) from None
             # Every node's entry and claim count in one request (each node added its claim before its entry): a
             # GET per key would be 4 × nnodes round trips per node, 4 × nnodes² requests to node 0's store.
@@ -108,7 +111,7 @@ def check_nodes(
                 f"node {node_rank}: the store at {where} went away while the nodes were checking in ({exc}); node 0's "
                 "launcher probably stopped (see its output). Nothing was started here."
             ) from None
-    _check_claims(dup or ([node_rank] if claims > 1 else []), nnodes, where)
+    _check_claims(dup or ([node_rank] if claims > 1 else []), nnodes, where, hint)
     counts = {c for c, _ in sizes.values()}
     if len(counts) > 1:
         listing = ", ".join(f"node {r} ({h}): {c}" for r, (c, h) in sorted(sizes.items()))
@@ -130,10 +133,9 @@ def _ticker(
     return bind
 
 
-def _check_claims(dup: list[int], nnodes: int, where: str) -> None:
+def _check_claims(dup: list[int], nnodes: int, where: str, hint: str) -> None:
     if dup:
         raise UsageError(
-            f"two launchers claimed node rank {', '.join(map(str, dup))} of {nnodes} at {where}: each node needs its "
-            f"own --node-rank 0..{nnodes - 1} (under SLURM: exactly one ddpboot per node, "
-            "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES ddpboot ...`)."
+            f"two launchers claimed node rank {', '.join(map(str, dup))} of {nnodes} at {where}: each node needs a "
+            f"node rank of its own, 0..{nnodes - 1}, and exactly one launcher: {hint}."
         )

@@ -76,8 +76,9 @@ def elastic_nodes(
         f"node 0 of {high})"
     ]
     if ignored_options:
-        notes.append(f"{', '.join(ignored_options)} not used by an elastic job: the rendezvous numbers the nodes, "
-                     "and group rank 0 serves the workers' store on its --local-addr and a free port")
+        notes.append(f"{', '.join(ignored_options)} not used through the c10d rendezvous (torchrun ignores them "
+                     "there too): the rendezvous numbers the nodes, and group rank 0 serves the workers' store on its "
+                     "--local-addr and a free port")
     return elastic_setup(low, high, f"{host}:{port}", store_addr, tuple(notes))
 
 

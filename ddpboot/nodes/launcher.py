@@ -11,13 +11,15 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ddpboot.cluster.parallel import unknown_launch
 from ddpboot.cluster.slurm import in_srun_step, slurm_step
 from ddpboot.errors import UsageError
 from ddpboot.nodes.elastic import default_run_id, elastic_nodes
 from ddpboot.nodes.static import (
     LOOPBACK,
+    UNKNOWN_LAUNCH_FIX,
     NodeSetup,
     NodeSource,
     RdzvBackend,
@@ -49,6 +51,7 @@ class NodeOptions:
     rdzv_backend: str = "static"  # as typed; parse_rdzv_backend reads it, once
     standalone: bool = False
     local_addr: str | None = None
+    step: str = ""  # what the launchers of one scheduler step share (their command): a pbsdsh step's port
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,10 @@ def launcher_nodes(
                              local_addr=options.local_addr,
                              ignored_options=tuple(flag for flag, value in unused.items() if value is not None))
     if options.standalone:
-        _check_one_node(text, low, env)
+        _check_one_node(text, low, env, "--standalone")
         return resolve_nodes({})
+    if options.nnodes is not None and low == 1:
+        _check_one_node(text, low, env, f"--nnodes {text.strip()}")
     nodes = _fixed_nodes(options, None if options.nnodes is None else low, env)
     if nodes.nnodes == 1:
         return nodes
@@ -95,32 +100,39 @@ def launcher_nodes(
 
 
 def _rendezvous_numbers_nodes(options: NodeOptions, backend: RdzvBackend, count: int, env: Mapping[str, str]) -> bool:
-    """A fixed node count through c10d without a node rank (torchrun's `--nnodes N --rdzv-backend c10d`): the
-    rendezvous numbers the nodes, as for the range N:N. With --node-rank or --master-addr, or inside a SLURM step
-    (which numbers the nodes), the endpoint stands for node 0's store address instead."""
-    return (count > 1 and backend == "c10d" and bool(options.rdzv_endpoint)
-            and options.node_rank is None and options.master_addr is None and not in_srun_step(env))
+    """A fixed node count through c10d (torchrun's `--nnodes N --rdzv-backend c10d --rdzv-endpoint H:P`): the
+    rendezvous numbers the nodes, as for the range N:N, and --node-rank / --master-addr are not used (torchrun
+    ignores them there too, with a warning). Inside a SLURM step, which numbers the nodes itself, the endpoint
+    stands for node 0's store address instead."""
+    return count > 1 and backend == "c10d" and bool(options.rdzv_endpoint) and not in_srun_step(env)
 
 
 def _fixed_nodes(options: NodeOptions, nnodes: int | None, env: Mapping[str, str]) -> NodeSetup:
-    nodes = resolve_nodes(env, nnodes, options.node_rank, options.master_addr, options.master_port)
-    endpoint = options.rdzv_endpoint
-    if nodes.nnodes > 1 and endpoint and (options.master_addr is None or options.master_port is None):
-        host, port = parse_endpoint(endpoint)
-        nodes = resolve_nodes(env, nnodes, options.node_rank, options.master_addr or host or None,
-                              options.master_port or port)
+    """A fixed node count: the flags, where --rdzv-endpoint HOST:PORT stands for --master-addr / --master-port as
+    torchrun's static rendezvous reads it (the flags win where both are given), else a scheduler, else one node."""
+    addr, port = options.master_addr, options.master_port
+    if not options.rdzv_endpoint or nnodes == 1:
+        return resolve_nodes(env, nnodes, options.node_rank, addr, port, options.step)
+    host, endpoint_port = parse_endpoint(options.rdzv_endpoint)
+    nodes = resolve_nodes(env, nnodes, options.node_rank, addr or host or None, port or endpoint_port, options.step)
+    if addr is None and host and nodes.master_addr == host:
+        nodes = replace(nodes, addr_option="--rdzv-endpoint")
     return nodes
 
 
-def _check_one_node(text: str, count: int, env: Mapping[str, str]) -> None:
-    """`--standalone` is one node; torchrun writes a fixed node count as `1:1`."""
+def _check_one_node(text: str, count: int, env: Mapping[str, str], given: str) -> None:
+    """`--standalone` (or `--nnodes 1`, `given`) is one node; torchrun writes a fixed node count as `1:1`."""
     if count > 1:
         shown = str(count) if ":" in text else text.strip()
         raise UsageError(f"--nnodes {shown} with --standalone, a one-node job: drop --standalone; {SEVERAL_NODES_HINT}")
     # Inside `srun -N2 ddpboot ...` or `mpirun -np 2 ddpboot ...` each launcher would otherwise run a world of its own.
     span = scheduler_span(env)
     if span is not None:
-        raise UsageError(f"--standalone, but {span}: {SEVERAL_NODES_HINT}")
+        what, fix = span
+        raise UsageError(f"{given}, but {what}: each would run a job of its own. Drop {given.split()[0]}: {fix}.")
+    unknown = unknown_launch(env, "this ddpboot launcher")
+    if unknown is not None:
+        raise UsageError(f"{given}, but {unknown}. {UNKNOWN_LAUNCH_FIX}")
 
 
 def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
@@ -156,12 +168,19 @@ def bind_node_store(nodes: NodeSetup, store: StoreAddress, listeners: int = 1) -
     try:
         return bind_store_socket(store.bind_addr, store.port, listeners=listeners)
     except UsageError as exc:
+        if nodes.port_from and "is in use" in str(exc):
+            raise UsageError(
+                f"port {store.port} on {store.bind_addr}, {nodes.port_from}, is in use: another step of this job "
+                "that runs the same command at the same time? Give each step its own port, the same on every "
+                "launcher of the step: MASTER_PORT=PORT before ddpboot in the command pbsdsh runs."
+            ) from None
         if nodes.nnodes == 1 or "not an address of this machine" not in str(exc):
             raise
+        option = nodes.master_addr_option
         raise UsageError(
-            f"--master-addr {store.bind_addr} is not an address of this machine, and this is node 0 (--node-rank 0), "
-            "which serves the job's store on the master address. Run node rank 0 on the machine that has that "
-            "address, or give an address of this machine as --master-addr on every node."
+            f"{option} {store.bind_addr} is not an address of this machine, and this is node 0 (--node-rank 0), "
+            f"which serves the job's store on that address. Run node rank 0 on the machine that has that "
+            f"address, or give an address of this machine as {option} on every node."
         ) from None
 
 

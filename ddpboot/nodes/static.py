@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from ddpboot.cluster.base import ClusterEnvironment
+from ddpboot.cluster.base import ClusterEnvironment, first_set
 from ddpboot.cluster.kubernetes import pytorchjob_master
 from ddpboot.cluster.lsf import JsrunEnvironment
 from ddpboot.cluster.mpi import MpiEnvironment
+from ddpboot.cluster.parallel import unknown_launch
 from ddpboot.cluster.pbs import in_pbsdsh_task, pbs_node_info
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.contract import is_tcp_port
@@ -40,6 +41,12 @@ from ddpboot.units import plural
 DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
 DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint given as HOST only)
 LOOPBACK = "127.0.0.1"
+UNKNOWN_LAUNCH_FIX = (  # what to do where cluster/parallel.py sees a launch ddpboot cannot read
+    "Give the nodes yourself, the same on every launcher but the node rank (--nnodes N --node-rank R --master-addr "
+    "HOST; under OpenPBS's pbsdsh: pbsdsh -- bash -lc 'ddpboot --nnodes N --node-rank $PBS_NODENUM --master-addr "
+    "FIRST_HOST ...'), or start one ddpboot per node with mpirun, srun or jsrun; if no launcher started this ddpboot "
+    "(the variables were left in the shell), unset them."
+)
 
 
 class NodeSource(str, Enum):
@@ -98,6 +105,8 @@ class NodeSetup:
     min_nodes: int | None = None
     max_nodes: int | None = None
     rdzv_endpoint: str | None = None
+    addr_option: str = ""  # the option that named node 0's address, for messages ("": see master_addr_option)
+    port_from: str = ""  # how a scheduler's port was derived (a port in use says so); "": a flag or MASTER_PORT
 
     @property
     def elastic(self) -> bool:
@@ -106,8 +115,25 @@ class NodeSetup:
 
     @property
     def master_addr_option(self) -> str:
-        """What named node 0's address, for messages: a PyTorchJob pod's MASTER_ADDR, else --master-addr."""
+        """What named node 0's address, for messages: --rdzv-endpoint where it did, a PyTorchJob pod's
+        MASTER_ADDR, else --master-addr."""
+        if self.addr_option:
+            return self.addr_option
         return "MASTER_ADDR" if self.source is NodeSource.KUBERNETES else "--master-addr"
+
+    def start_hint(self) -> str:
+        """How every node's launcher is started with this node source, for the check-in's messages."""
+        last = self.nnodes - 1
+        return {
+            NodeSource.SLURM: "srun starts one launcher per node of the step (srun --ntasks-per-node=1 ddpboot ...)",
+            NodeSource.MPI: "the MPI launcher starts one ddpboot per node (mpirun -np N --map-by ppr:1:node ddpboot "
+                            "...; Hydra: mpiexec -n N -ppn 1 ddpboot ...)",
+            NodeSource.LSF: "jsrun starts one ddpboot per host (jsrun -r 1 -a 1 ddpboot ...)",
+            NodeSource.PBS: "pbsdsh -u starts one ddpboot on every host of the job (pbsdsh -u -- bash -lc '... "
+                            "ddpboot ...'), its node rank PBS_NODENUM",
+            NodeSource.KUBERNETES: "every pod of the PyTorchJob runs one ddpboot, its node rank PET_NODE_RANK",
+        }.get(self.source, f"start one ddpboot per node with the same --nnodes, --master-addr and --master-port and "
+                           f"node ranks 0..{last}")
 
     def describe(self) -> str:
         if self.source is NodeSource.SINGLE:
@@ -125,21 +151,16 @@ def resolve_nodes(
     node_rank: int | None = None,
     master_addr: str | None = None,
     master_port: int | None = None,
+    step: str = "",
 ) -> NodeSetup:
-    """Combine flags (None: not given) with the environment. Pure apart from reading `env`."""
-    notes: list[str] = []
+    """Combine flags (None: not given) with the environment. Pure apart from reading `env` (and the files its
+    variables name). `step`: what the launchers of one scheduler step share (its command), for a derived port."""
     if nnodes is not None and nnodes < 1:
         raise UsageError(f"--nnodes {nnodes}: a job has at least 1 node.")
     if master_port is not None:
         check_port(master_port, "--master-port")
-    sched = scheduler_nodes(env, master_addr, master_port) if nnodes is None or nnodes > 1 else None
-    if sched is not None:
-        notes += sched.notes
-        for flag, mine, theirs, var in zip(("--nnodes", "--node-rank", "--master-addr", "--master-port"),
-                                           (nnodes, node_rank, master_addr, master_port),
-                                           sched.values, sched.variables, strict=True):
-            if mine is not None and mine != theirs:
-                notes.append(f"{flag} {mine} overrides {sched.name}'s {theirs} (from {var}): the flag wins")
+    sched = scheduler_nodes(env, master_addr, master_port, nnodes, step) if nnodes is None or nnodes > 1 else None
+    notes = _scheduler_notes(env, sched, nnodes, (nnodes, node_rank, master_addr, master_port))
     n = nnodes if nnodes is not None else (sched.nnodes if sched else 1)
     r = node_rank if node_rank is not None else (sched.node_rank if sched else 0)
     if not 0 <= r < n:
@@ -152,14 +173,33 @@ def resolve_nodes(
         notes.append(pod.note())
     addr = master_addr or (sched.master_addr if sched else None)
     if not addr:
+        slurm = " Inside SLURM, start ddpboot with srun to have it filled in." if env.get("SLURM_JOB_ID") else ""
         raise UsageError(
-            f"--nnodes {n} needs --master-addr: the address of node 0, where a multi-node job's store runs "
-            "(every node must reach it). Inside SLURM, start ddpboot with srun to have it filled in."
+            f"--nnodes {n} needs --master-addr (or --rdzv-endpoint HOST:PORT): the address of node 0, where a "
+            f"multi-node job's store runs (every node must reach it).{slurm}"
         )
     port = master_port or (sched.master_port if sched else DEFAULT_MASTER_PORT)
     source = (sched.source if sched and (nnodes is None or node_rank is None)
               else NodeSource.KUBERNETES if pod else NodeSource.FLAGS)
-    return NodeSetup(n, r, addr, port, source, tuple(notes))
+    port_from = sched.port_from if sched and not master_port else ""
+    return NodeSetup(n, r, addr, port, source, tuple(notes), port_from=port_from)
+
+
+def _scheduler_notes(env: Mapping[str, str], sched: SchedulerNodes | None, nnodes: int | None,
+                     flags: tuple[int | None, int | None, str | None, int | None]) -> list[str]:
+    """The scheduler's notes and those of each flag that overrides it; no scheduler but signs of a parallel launch
+    (cluster/parallel.py) and no --nnodes: an error, rather than a world of one per task."""
+    if sched is None:
+        unknown = unknown_launch(env, "this ddpboot launcher") if nnodes is None else None
+        if unknown is not None:
+            raise UsageError(f"{unknown}. {UNKNOWN_LAUNCH_FIX}")
+        return []
+    notes = list(sched.notes)
+    for flag, mine, theirs, var in zip(("--nnodes", "--node-rank", "--master-addr", "--master-port"), flags,
+                                       sched.values, sched.variables, strict=True):
+        if mine is not None and mine != theirs:
+            notes.append(f"{flag} {mine} overrides {sched.name}'s {theirs} (from {var}): the flag wins")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -174,17 +214,18 @@ class SchedulerNodes:
     master_port: int
     variables: tuple[str, str, str, str]  # where nnodes, node_rank, master_addr, master_port came from
     notes: tuple[str, ...] = ()
+    port_from: str = ""  # how the scheduler's port was derived, for a port in use ("": MASTER_PORT or a flag)
 
     @property
     def values(self) -> tuple[int, int, str, int]:
         return self.nnodes, self.node_rank, self.master_addr, self.master_port
 
 
-def scheduler_nodes(env: Mapping[str, str], master_addr: str | None = None,
-                    master_port: int | None = None) -> SchedulerNodes | None:
+def scheduler_nodes(env: Mapping[str, str], master_addr: str | None = None, master_port: int | None = None,
+                    nnodes: int | None = None, step: str = "") -> SchedulerNodes | None:
     """The scheduler that started this launcher, in the module docstring's order; None outside any. The flags'
     --master-addr / --master-port stand in for MASTER_ADDR / MASTER_PORT where the scheduler's variables do not
-    name rank 0's host (MPI, jsrun)."""
+    name rank 0's host (MPI, jsrun, a pbsdsh task on a host without the node file, which needs --nnodes too)."""
     overlay = {**env, **({"MASTER_ADDR": master_addr} if master_addr else {}),
                **({"MASTER_PORT": str(master_port)} if master_port else {})}
     for cls, source, name in ((MpiEnvironment, NodeSource.MPI, "MPI"), (JsrunEnvironment, NodeSource.LSF, "jsrun")):
@@ -192,38 +233,68 @@ def scheduler_nodes(env: Mapping[str, str], master_addr: str | None = None,
             named = overlay.get("MASTER_ADDR", "").strip()
             ranks = cls({**overlay, "MASTER_ADDR": named or LOOPBACK})
             if not named and ranks.local_world_size < ranks.world_size:
-                raise UsageError(
-                    f"this ddpboot launcher is {name} rank {ranks.global_rank} of {ranks.world_size}, on several "
-                    f"hosts, and nothing names node 0's host (where {name} rank 0 runs and the job's store listens). "
-                    "Pass --master-addr HOST (the same on every launcher), or export MASTER_ADDR before starting "
-                    "them (Open MPI forwards it with -x MASTER_ADDR)."
-                )
+                raise UsageError(_no_master(ranks, name, env))
             return _task_per_node(ranks, source, name)
     if in_srun_step(env):
         s = slurm_node_info(env)
         return SchedulerNodes(NodeSource.SLURM, "SLURM", s.nnodes, s.node_rank, s.master_addr, s.master_port,
                               ("SLURM_STEP_NUM_NODES", "SLURM_NODEID", "SLURM_STEP_NODELIST", "SLURM_JOB_ID"))
     if in_pbsdsh_task(env):
-        p = pbs_node_info(env)
+        p = pbs_node_info(overlay, nnodes, step)
+        names = ("PBS_NODEFILE", "PBS_NODENUM", "PBS_NODEFILE") if first_set(env, ["PBS_NODEFILE"]) else (
+            "--nnodes", "PBS_NODENUM", "MASTER_ADDR")
+        derived = "" if first_set(overlay, ["MASTER_PORT"]) else "derived from PBS_JOBID and the command of this step"
         return SchedulerNodes(NodeSource.PBS, "PBS", p.nnodes, p.node_rank, p.master_addr, p.master_port,
-                              ("PBS_NODEFILE", "PBS_NODENUM", "PBS_NODEFILE", "PBS_JOBID"))
+                              (*names, "PBS_JOBID"), port_from=derived)
     return None
 
 
-def scheduler_span(env: Mapping[str, str]) -> str | None:
-    """What says this launcher is one of several a scheduler started (for `--standalone`, which would make each a
-    world of its own), or None when it is alone."""
-    for cls, name in ((MpiEnvironment, "MPI"), (JsrunEnvironment, "jsrun")):
+def scheduler_span(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """What says this launcher is one of several a scheduler started (for `--standalone` and `--nnodes 1`, which
+    would make each a world of its own), and what to do instead; None when it is alone."""
+    for cls, name, sizes, alone in ((MpiEnvironment, "MPI", "its size and rank", "mpirun -np 1"),
+                                    (JsrunEnvironment, "jsrun", "JSM_NAMESPACE_SIZE and JSM_NAMESPACE_RANK",
+                                     "jsrun -n 1")):
         if cls.detect(env):
-            size = cls({**env, "MASTER_ADDR": LOOPBACK}).world_size
-            return f"{name} started {size} ddpboot launchers" if size > 1 else None
+            ranks = cls({**env, "MASTER_ADDR": LOOPBACK})
+            if ranks.world_size < 2:
+                return None
+            if isinstance(ranks, MpiEnvironment):
+                sizes = f"{ranks.flavour.name}'s {'/'.join(ranks.flavour.size[:1] + ranks.flavour.rank[:1])}"
+            return (f"{name} started {ranks.world_size} ddpboot launchers",
+                    f"ddpboot then takes the node count and node rank from {sizes} (one node per launcher); or "
+                    f"start a single launcher ({alone})")
     if in_srun_step(env):
         spanned = slurm_node_info(env).nnodes
-        return f"this srun step spans {spanned} nodes" if spanned > 1 else None
-    if in_pbsdsh_task(env):
+        return None if spanned < 2 else (
+            f"this srun step spans {spanned} nodes",
+            "ddpboot then takes the nodes from the step (SLURM_STEP_NUM_NODES, SLURM_NODEID); or run a step of one "
+            "node (srun -N1)")
+    if in_pbsdsh_task(env) and first_set(env, ["PBS_NODEFILE"]):
         hosts = pbs_node_info(env).nnodes
-        return f"pbsdsh started this launcher on one of {hosts} hosts" if hosts > 1 else None
+        return None if hosts < 2 else (
+            f"pbsdsh started this launcher on one of {hosts} hosts",
+            "ddpboot then takes the nodes from pbsdsh (the hosts of PBS_NODEFILE, PBS_NODENUM); or run it on one "
+            "host (pbsdsh -n 0)")
     return None
+
+
+def _no_master(ranks: ClusterEnvironment, name: str, env: Mapping[str, str]) -> str:
+    """An MPI or jsrun launcher on several hosts that nothing names node 0's host for: which variables made ddpboot
+    think so, how to name it, and what to do if they were only left in a shell."""
+    if isinstance(ranks, MpiEnvironment):
+        flavour = ranks.flavour
+        given, forward, unset = ", ".join(flavour.given(env)), flavour.forward, flavour.unset_fix(env)
+    else:
+        names = ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE")
+        given = ", ".join(f"{n}={env[n]}" for n in names if env.get(n))
+        forward = "jsrun passes the environment on"
+        unset = f"If jsrun did not start this process (the variables were left in a shell), unset them: unset " \
+                f"{' '.join(n for n in names if env.get(n))}."
+    return (f"this ddpboot launcher is {name} rank {ranks.global_rank} of {ranks.world_size}, on several hosts "
+            f"({given}), and nothing names node 0's host (where {name} rank 0 runs and the job's store listens). "
+            f"Pass --master-addr HOST (the same on every launcher), or export MASTER_ADDR before starting them "
+            f"({forward}). {unset}")
 
 
 def _task_per_node(ranks: ClusterEnvironment, source: NodeSource, name: str) -> SchedulerNodes:

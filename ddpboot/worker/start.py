@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ddpboot.cluster import ClusterEnvironment, LocalEnvironment, detect_environment, plugin_failures
+from ddpboot.cluster.placement import Where, host_identity, place
 from ddpboot.contract import STACKS_VAR, register_stacks
 from ddpboot.errors import WorkerEnvError, WorkerSetupError
 from ddpboot.worker.backend import check_backend_usable, normalize_backend, uses_nccl
@@ -103,6 +104,8 @@ def _start(
     check_visible_devices(env, strict)
     device, uuids = choose_device(env, strict)
     backend, owns_group = _join_group(env, requested, timeout, device)
+    if env.placed_by_hosts and dist.is_available() and dist.is_initialized():
+        _place_by_hosts(env)
     ctx = Context(
         rank=env.global_rank,
         world_size=env.world_size,
@@ -183,3 +186,16 @@ def _export_contract(env: ClusterEnvironment, device: torch.device) -> None:
         }
     )
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # no agent hosts a store here: worker rank 0 does
+
+
+def _place_by_hosts(env: ClusterEnvironment) -> None:
+    """The node rank and count from every rank's host (cluster/placement.py), and GROUP_RANK / GROUP_WORLD_SIZE
+    with them where init() exported torchrun's variables."""
+    mine = Where(host_identity(), env.local_rank, env.local_world_size)
+    everyone: list[object] = [None] * env.world_size
+    dist.all_gather_object(everyone, tuple(mine))
+    ranks = [Where(*w) for w in everyone]  # type: ignore[misc]
+    found = place(ranks, env.global_rank, {"mpi": "mpirun", "lsf": "jsrun"}.get(env.name, env.name))
+    env.place(found.node_rank, found.nnodes)
+    if env.exports_contract:
+        os.environ.update(GROUP_RANK=str(found.node_rank), GROUP_WORLD_SIZE=str(found.nnodes))

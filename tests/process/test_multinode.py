@@ -10,20 +10,26 @@ is short (examples/train.py --steps 20) and only one test runs it.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.support import (
     ENVDUMP,
     REPO,
+    SCRIPTS,
     clean_env,
     ddpboot_exe,
     finish,
     free_port,
+    gone,
     reports,
     run_launcher,
     start_launcher,
@@ -31,6 +37,7 @@ from tests.support import (
 )
 
 TRAIN = [str(REPO / "examples" / "train.py"), "--steps", "20", "--log-every", "10"]
+NODES_JOB = str(SCRIPTS / "nodes_job.py")
 
 
 def node_args(rank: int, port: int, nproc: int = 2, nnodes: int = 2) -> list[str]:
@@ -127,7 +134,159 @@ def test_a_failing_worker_ends_both_launchers(tmp_path: Path) -> None:
     (c0, o0, e0), (c1, o1, e1) = run_nodes([[*node_args(r, port), str(fail)] for r in (0, 1)], env, timeout=240)
     assert c1 == 7, o1 + e1
     assert "rank 3 failed" in e1
-    assert c0 != 0, o0 + e0
+    # node 0's ranks failed too (their peers went), but the job's root cause is node 1's rank 3: so says node 0
+    assert c0 == 7, o0 + e0
+    assert "the job failed on node 1" in e0 and "rank 3 exit code 7" in e0, e0
+
+
+def nodes_env(out: Path, **extra: str) -> dict[str, str]:
+    return clean_env(NODES_OUT=str(out), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **extra)
+
+
+def endpoint_args(rank: int, port: int, *backend: str) -> list[str]:
+    """torchrun's line of Kubernetes Indexed Jobs and multi-node wrappers: no --master-addr."""
+    return ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", *backend, "--cpu",
+            "--nproc", "1", NODES_JOB]
+
+
+@pytest.mark.parametrize("backend", [(), ("--rdzv-backend", "c10d")], ids=["static", "c10d"])
+def test_the_rdzv_endpoint_line_runs_as_torchrun_does(backend: tuple[str, ...], tmp_path: Path) -> None:
+    """Static: the endpoint is node 0's store (--master-addr/--master-port); c10d: torch's rendezvous numbers the
+    nodes and --node-rank is not used, as torchrun does it (and says so)."""
+    port = free_port()
+    results = run_nodes([endpoint_args(r, port, *backend) for r in (0, 1)], nodes_env(tmp_path), timeout=180)
+    for code, out, err in results:
+        assert code == 0, out + err
+    reps = reports(tmp_path)
+    assert sorted(reps) == [0, 1] and {r["sum"] for r in reps.values()} == {2.0}
+    assert sorted(r["node_rank"] for r in reps.values()) == [0, 1]
+    if backend:
+        assert all("--node-rank not used through the c10d rendezvous" in err for _, _, err in results)
+
+
+def start_nodes(tmp_path: Path, fail: str | None = None, sleep: str = "60") -> tuple[list[subprocess.Popen[Any]], int]:
+    """Two launchers of one CPU rank each, by hand on loopback; both ranks past their all-reduce."""
+    port = free_port()
+    env = nodes_env(tmp_path, NODES_SLEEP=sleep, **({"NODES_FAIL_RANK": fail} if fail else {}))
+    procs = [start_launcher([*node_args(r, port, nproc=1), NODES_JOB], env) for r in (0, 1)]
+    return procs, port
+
+
+def rank_pid(tmp_path: Path, rank: int, procs: list[subprocess.Popen[Any]]) -> int:
+    def written() -> int | None:
+        for p in procs:
+            if p.poll() is not None and not (tmp_path / "failed").exists():
+                _, o, e = finish(p)
+                raise AssertionError(f"a launcher exited early ({p.returncode}):\n{o}\n{e}")
+        path = tmp_path / f"rank{rank}.json"
+        return json.loads(path.read_text())["pid"] if path.exists() else None
+
+    pid: int = wait_for(written, 120, f"rank {rank} to report", interval=0.05)
+    return pid
+
+
+def test_a_failing_rank_on_one_node_ends_every_node(tmp_path: Path) -> None:
+    """Node 1's rank exits 3 while node 0's rank sleeps (60 s): node 0 learns it from node 1's node link, stops
+    its rank and exits 3 too, naming node 1's rank, well before the sleep ends (the issue's bound: 10 s)."""
+    procs, _ = start_nodes(tmp_path, fail="1")
+    try:
+        rank0 = rank_pid(tmp_path, 0, procs)
+        wait_for(lambda: (tmp_path / "failed").exists(), 120, "rank 1 to fail")
+        failed_at = float((tmp_path / "failed").read_text())
+        wait_for(lambda: gone(rank0), 10, "node 0's rank to be stopped", interval=0.01)
+        stopped = time.time() - failed_at
+        (c0, _, e0), (c1, _, e1) = finish(procs[0], 10), finish(procs[1], 10)
+        ended = time.time() - failed_at
+    finally:
+        stop(procs)
+    assert (c0, c1) == (3, 3), e0 + e1
+    assert "ddpboot: node 1 (" in e0 and "failed: rank 1 exit code 3; stopping this node's rank" in e0, e0
+    assert "the job failed on node 1" in e0 and "last line of rank 1: rank 1 fails now" in e0, e0
+    assert "rank 1 failed: exit code 3" in e1
+    print(f"node 0's rank stopped {stopped:.2f} s after node 1's rank failed; both launchers ended by {ended:.2f} s")
+    assert stopped < 10
+
+
+def test_a_failing_rank_ends_the_other_node_through_c10d_too(tmp_path: Path) -> None:
+    """The c10d line: rank 1's launcher gives up and its rendezvous closes (or its store goes, when it hosted it);
+    the other launcher's round stops at its next look, instead of sleeping on (no new round: the job ended)."""
+    port = free_port()
+    env = nodes_env(tmp_path, NODES_SLEEP="60", NODES_FAIL_RANK="1")
+    procs = [start_launcher(endpoint_args(r, port, "--rdzv-backend", "c10d"), env) for r in (0, 1)]
+    try:
+        results = [finish(p, 45) for p in procs]
+    finally:
+        stop(procs)
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [1, 3], results
+    other = next(err for code, _, err in results if code == 1)
+    assert "stopping this node's ranks (exit code 1)" in other and "rendezvous" in other, other
+
+
+def test_a_killed_launcher_ends_the_other_node(tmp_path: Path) -> None:
+    """kill -9 of node 1's launcher: its node link says so, node 0 stops its rank and exits 1 naming it."""
+    procs, _ = start_nodes(tmp_path)
+    try:
+        rank0 = rank_pid(tmp_path, 0, procs)
+        rank1 = rank_pid(tmp_path, 1, procs)
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed = time.time()
+        wait_for(lambda: gone(rank0), 10, "node 0's rank to be stopped", interval=0.01)
+        print(f"node 0's rank stopped {time.time() - killed:.2f} s after node 1's launcher was killed")
+        c0, _, e0 = finish(procs[0], 10)
+        wait_for(lambda: gone(rank1), 30, "node 1's guardian to end its rank")
+    finally:
+        stop(procs)
+    assert c0 == 1, e0
+    assert re.search(r"the job failed on node 1 \(.*\): its ddpboot launcher \(pid \d+\) died", e0), e0
+
+
+def test_a_frozen_node_is_lost(tmp_path: Path) -> None:
+    """Node 1 frozen (its launcher and its node link stopped, as a host that hangs or drops off the network): its
+    beats stop, node 0's link counts it lost after keep_alive_interval × keep_alive_max_attempt (0.25 s × 6) and
+    node 0 stops. Thawed, node 1 finds itself reported lost (or node 0's store gone) and stops too."""
+    procs, _ = start_nodes(tmp_path)
+    frozen: list[int] = []
+    try:
+        rank0 = rank_pid(tmp_path, 0, procs)
+        rank_pid(tmp_path, 1, procs)
+        launcher = psutil.Process(procs[1].pid)
+        link = [c.pid for c in launcher.children() if "ddpboot.nodes.link" in " ".join(c.cmdline())]
+        assert len(link) == 1, launcher.children()
+        frozen = [procs[1].pid, *link]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        since = time.time()
+        wait_for(lambda: gone(rank0), 15, "node 0's rank to be stopped", interval=0.01)
+        print(f"node 0 stopped its rank {time.time() - since:.2f} s after node 1 froze")
+        c0, _, e0 = finish(procs[0], 10)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        c1, _, e1 = finish(procs[1], 30)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        stop(procs)
+    assert c0 == 1 and "the job failed on node 1" in e0 and "no beat from its launcher for" in e0, e0
+    assert c1 == 1, e1
+
+
+def test_a_job_that_succeeds_on_every_node_exits_0_on_every_node(tmp_path: Path) -> None:
+    """The node links say nothing when the job succeeds, whichever node ends first: node 0 keeps its store up
+    until node 1 has ended (its rank sleeps 2 s more)."""
+    port = free_port()
+    procs = [start_launcher([*node_args(r, port, nproc=1), NODES_JOB], nodes_env(tmp_path, NODES_SLEEP=str(2 * r)))
+             for r in (0, 1)]
+    for code, out, err in (finish(p, 120) for p in procs):
+        assert code == 0 and "failed" not in err, out + err
+
+
+def stop(procs: list[subprocess.Popen[Any]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            finish(p)
 
 
 def test_bad_node_options_exit_2_and_start_nothing(tmp_path: Path) -> None:

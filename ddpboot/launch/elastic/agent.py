@@ -13,7 +13,8 @@ the handler exists (the c10d store is hosted or reached). Then, per request of t
   serve for the round's workers. Answer: `{"re": "next", "round", "group_rank", "nnodes", "rank_offset",
   "world_size", "master_addr", "master_port", "nodes": [[nproc, host], ...]}`. Global ranks follow torchrun: each
   node's ranks start after those of the lower group ranks, so nodes may run different numbers of ranks.
-- `{"cmd": "waiting"}`: `{"re": "waiting", "waiting": n}`, the nodes waiting to join (torch's num_nodes_waiting).
+- `{"cmd": "waiting"}`: `{"re": "waiting", "waiting": n, "closed": bool}`, the nodes waiting to join (torch's
+  num_nodes_waiting) and whether the rendezvous is closed (another node's job ended for good).
 - `{"cmd": "finish", "barrier_timeout": s}`: this node's workers succeeded. Wait (up to s) until every node of the
   round has said so (torchrun's exit barrier: the node hosting the c10d store must outlive the others' use of it),
   close the rendezvous so that late nodes do not start a new job, and answer `{"re": "finish", "ok": true}`.
@@ -111,7 +112,12 @@ class Agent:
         }
 
     def waiting(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"waiting": int(self.handler.num_nodes_waiting())}
+        from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+        try:
+            return {"waiting": int(self.handler.num_nodes_waiting()), "closed": bool(self.handler.is_closed())}
+        except RendezvousConnectionError as exc:  # the store is gone: its host's launcher stopped
+            return {"error": _describe(exc), "kind": "connect"}
 
     def finish(self, req: dict[str, Any]) -> dict[str, Any]:
         store, n = self.store, self.nnodes

@@ -77,6 +77,7 @@ class RdzvAgent:
         self.buf = b""
         self.pending: str | None = None  # a request whose answer has not been read yet
         self.gone = False  # the agent process exited (or its socket broke)
+        self.closed = False  # the rendezvous was closed, as the last "waiting" answer said
 
     @classmethod
     def start(cls, params: dict[str, Any], env: dict[str, str], console: Console) -> RdzvAgent:
@@ -117,7 +118,10 @@ class RdzvAgent:
         else:
             wait = 0.0  # still unanswered from last time: look, do not wait again
         msg = self._reply("waiting", wait)
-        return None if msg is None else int(msg.get("waiting", 0))
+        if msg is None:
+            return None
+        self.closed = bool(msg.get("closed", False))
+        return int(msg.get("waiting", 0))
 
     def finish(self, sigfd: SignalFd, barrier_timeout: float) -> None:
         """This node succeeded: wait up to `barrier_timeout` s for every node of the round, then close the

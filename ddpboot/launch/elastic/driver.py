@@ -21,9 +21,10 @@ from ddpboot.launch.elastic.rounds import Round, round_plan
 from ddpboot.launch.logs import Console, run_dir
 from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
-from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
+from ddpboot.launch.spec import EndJob, LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
+from ddpboot.nodes.outcome import LOST_CODE
 from ddpboot.nodes.static import NodeSetup
 from ddpboot.selection.planner import Plan
 
@@ -41,6 +42,9 @@ class RendezvousAgent(Protocol):
 
     @property
     def gone(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
 
     def wait_ready(self, sigfd: SignalFd) -> None: ...
 
@@ -122,6 +126,7 @@ class ElasticDriver:
         self.watch_broken = False  # the agent cannot say whether nodes wait: stop asking
         self.base: Path | None = None
         self.queue_noted = False  # the listen-queue note is said once, not every round
+        self.ended: str | None = None  # why the job ended on another node while a round ran here
 
     def say(self, text: str) -> None:
         self.console.message(f"ddpboot: {text}")
@@ -174,6 +179,8 @@ class ElasticDriver:
                 return self._no_round(exc, rounds, failed)
             rounds += 1
             code, result = self._run_round(rnd, listener, restarts, rounds)
+            if self.ended is not None:  # the job ended on another node while this round ran
+                return code
             if result is not None and result.restart_reason is not None:
                 continue  # a membership change: not a failure, not counted
             if code == 0:
@@ -251,7 +258,7 @@ class ElasticDriver:
         workdir.mkdir(parents=True, exist_ok=True)
         return RunDir(workdir, False)
 
-    def _watch(self) -> str | None:
+    def _watch(self) -> str | EndJob | None:
         """Called by the Supervisor while workers run: a reason to stop them when a node waits to join."""
         agent = self.agent
         if agent is None or self.watch_broken:
@@ -261,13 +268,24 @@ class ElasticDriver:
         except AgentError as exc:
             if agent.gone:
                 return f"the rendezvous agent exited ({exc})"
+            if exc.kind == "connect":  # the launcher that hosts the rendezvous stopped: the job ended there
+                return self._end(f"the rendezvous store at {self.endpoint} is gone ({exc}): the launcher that hosts "
+                                 "it stopped, because the job ended or failed there")
             self.watch_broken = True
             self.say(f"note: cannot ask the rendezvous for waiting nodes any more ({exc}); the workers keep running")
             return None
+        if agent.closed:
+            return self._end(f"the rendezvous at {self.endpoint} was closed while the workers here ran: the job "
+                             "failed for good on another node (its launcher says why)")
         if waiting is None or waiting <= 0:
             return None
         return (f"{plural(waiting, 'node')} waiting to join the rendezvous (a membership change: not counted "
                 "against --max-restarts)")
+
+    def _end(self, why: str) -> EndJob:
+        """The job ended on another node: this round's workers stop, and the job with them (no new round)."""
+        self.ended = why
+        return EndJob(LOST_CODE, f"ddpboot: {why}; stopping this node's ranks (exit code {LOST_CODE})")
 
     def _finish(self, agent: RendezvousAgent) -> int:
         """The workers here succeeded: torchrun's exit barrier with the other nodes, then exit 0."""

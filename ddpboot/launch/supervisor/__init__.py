@@ -83,6 +83,7 @@ class Supervisor:
         watch: Watch | None = None,
         attempts: range | None = None,
         started_before: bool = False,
+        after_job: Callable[[int, AttemptResult | None, Callable[[str], None]], int] | None = None,
         console: Console | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,6 +102,8 @@ class Supervisor:
                                   self.console, with_files=not run_dir.temporary)
         self.before_start = before_start
         self.watch = watch.check if watch is not None else None
+        self.failed = watch.failed if watch is not None else None
+        self.after_job = after_job  # (code, last result, say) → the job's code: the other nodes' verdict
         self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
                              watch.interval if watch is not None else None, spec.stall_timeout)
         self.result: AttemptResult | None = None  # the last attempt's
@@ -136,7 +139,7 @@ class Supervisor:
             code = self._attempts(self.procs, self.sigfd)
             if code == 0:  # a failure has its own report; a success that did nothing must not pass silently
                 self._report_no_join(guardian)
-            return code
+            return code if self.after_job is None else self.after_job(code, self.result, self.console.message)
         finally:
             unpublish(record)
             self.status.remove()
@@ -242,7 +245,7 @@ class Supervisor:
                              self.status.saying(self.console.message), self.spec.gpu_watch_interval)
         try:
             return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
-                               self._snapshot, gpu_watch, self.status).run(pipes)
+                               self._snapshot, gpu_watch, self.status, self.failed).run(pipes)
         finally:
             gpu_watch.close()
 

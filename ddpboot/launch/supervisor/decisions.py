@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalInfo, signal_label
+from ddpboot.launch.spec import EndJob
 from ddpboot.launch.supervisor.progress import StallWatch
 
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
@@ -295,9 +296,12 @@ class AttemptDecisions:
         self.deadlines.watch = now + self.timing.watch_interval
         return True
 
-    def watch_answered(self, reason: str | None, now: float) -> list[Action]:
+    def watch_answered(self, reason: str | EndJob | None, now: float) -> list[Action]:
         if reason is None or self.stopping:
             return []
+        if isinstance(reason, EndJob):  # another node failed: this node's ranks stop, with its exit code
+            self.restart_reason = reason.text
+            return [Say(reason.text), *self.end_attempt(reason.code, reason.text, now)]
         self.restart_reason = reason
         say = Say(f"ddpboot: {reason}; stopping every rank of this node to restart")
         return [say, *self._stop(signal.SIGTERM, f"SIGTERM ({reason})", now)]

@@ -26,7 +26,7 @@ from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.procstat import read_stat
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
-from ddpboot.launch.spec import GPU_WATCH_EXIT
+from ddpboot.launch.spec import GPU_WATCH_EXIT, EndJob
 from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable
@@ -172,10 +172,11 @@ class AttemptLoop:
     """Runs one attempt's workers to the end: events in, the decisions' actions out."""
 
     def __init__(self, procs: ProcessTable, sel: selectors.BaseSelector, sigfd: SignalFd, console: Console,
-                 decisions: AttemptDecisions, watch: Callable[[], str | None] | None,
+                 decisions: AttemptDecisions, watch: Callable[[], str | EndJob | None] | None,
                  dump: Callable[[str], None] | None = None,
                  snapshot: Callable[[], Hashable | None] | None = None,
-                 gpu_watch: GpuWatch | None = None, status: RunStatus | None = None) -> None:
+                 gpu_watch: GpuWatch | None = None, status: RunStatus | None = None,
+                 failed: Callable[[Worker], None] | None = None) -> None:
         self.procs = procs
         self.sel = sel
         self.sigfd = sigfd
@@ -190,6 +191,7 @@ class AttemptLoop:
         self.gpu_watch = gpu_watch if gpu_watch is not None and gpu_watch.active else None
         self.gpu_due = self.clock() + (gpu_watch.interval if gpu_watch is not None else 0.0)
         self.status = status  # the run directory's status file, for `ddpboot top` (launch/status.py)
+        self.failed = failed  # told the root cause once it is chosen (nodes/watch.py: the other nodes learn it)
 
     @property
     def workers(self) -> list[Worker]:
@@ -230,6 +232,9 @@ class AttemptLoop:
         exited = self.procs.reap()
         self.carry_out(d.workers_exited([(self.workers.index(w), w.code) for w in exited], self.clock()))
         self.carry_out(d.resolve_root(self.clock()))
+        if d.root is not None and self.failed is not None:
+            self.failed(self.workers[d.root])
+            self.failed = None
         for i in self.procs.emptied_groups():
             d.group_gone(i)
         if d.watch_due(self.clock()) and self.watch is not None:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpboot.launch.env import FR_NAMES_SINCE, EnvContext, worker_argv, worker_env, worker_vars
+from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.logs import Console, LogFile, RankStream
 from ddpboot.launch.spec import LaunchSpec, Std
 from ddpboot.launch.stacks.collect import CPU
@@ -88,25 +88,25 @@ class AttemptSetup:
     with_files: bool  # per-rank log files (False: a temporary directory holds only the error files)
 
 
-def workers_read_fr_names(spec: LaunchSpec) -> bool:
-    """Whether the workers' torch reads the TORCH_FR_* names: known only where they run the launcher's own
-    interpreter (not a PYTHON_EXEC of its own, not a --no-python binary, whose torch may be older)."""
+def workers_torch(spec: LaunchSpec) -> tuple[int, int] | None:
+    """The workers' torch release (major, minor), which says what the flight recorder's variables are called:
+    known only where they run the launcher's own interpreter (not a PYTHON_EXEC of its own, not a --no-python
+    binary, whose torch may be another)."""
     same = spec.target.kind != "binary" and os.path.realpath(spec.python) == os.path.realpath(sys.executable)
-    return same and torch_reads_fr_names()
+    return installed_torch() if same else None
 
 
 @functools.cache
-def torch_reads_fr_names() -> bool:
-    """Whether the installed torch reads the flight recorder's TORCH_FR_* names (env.FR_NAMES_SINCE), from the
-    package's metadata: the launcher never imports torch. Unknown (no torch here, a local build): the older names,
-    which every release still reads."""
+def installed_torch() -> tuple[int, int] | None:
+    """The installed torch's release (major, minor), from the package's metadata: the launcher never imports torch.
+    None where it cannot say (no torch here, a version it cannot read)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         found = re.match(r"(\d+)\.(\d+)", version("torch"))
     except PackageNotFoundError:
-        return False
-    return found is not None and (int(found[1]), int(found[2])) >= FR_NAMES_SINCE
+        return None
+    return None if found is None else (int(found[1]), int(found[2]))
 
 
 def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[Worker]:
@@ -120,7 +120,7 @@ def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[W
         max_restarts=spec.max_restarts,
         signals=",".join(s.name for s in spec.signals),
         trace_dir=str(attempt_dir.resolve()) if setup.with_files else "",
-        fr_names=workers_read_fr_names(spec) if setup.with_files else True,
+        torch=workers_torch(spec) if setup.with_files else None,
     )
     return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
 

@@ -26,6 +26,7 @@ def test_jsrun_ranks(layout: Layout) -> None:
     assert layout(env) == (7, 8, 1, 2, 3, 4, "a01n01", job_port("PMIX_NAMESPACE=12345.3"))
     without_step = {k: v for k, v in JSRUN.items() if k != "PMIX_NAMESPACE"}
     assert JsrunEnvironment({**without_step, "MASTER_ADDR": "h"}).main_port == job_port("LSB_JOBID=12345")
+    assert env.placed_by_hosts  # jsrun's placement may be cyclic: init() asks where the ranks run
 
 
 def test_several_hosts_without_master_addr_say_what_to_set() -> None:

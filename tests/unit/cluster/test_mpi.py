@@ -45,6 +45,30 @@ def test_mpich_hydra_on_several_hosts_needs_master_addr(layout: Layout) -> None:
     assert MpiEnvironment({**HYDRA, "MASTER_ADDR": "n1", "MASTER_PORT": "4321"}).main_port == 4321
 
 
+def test_the_error_names_the_variables_and_how_each_launcher_forwards_master_addr() -> None:
+    """Variables left in a shell look like a rank of mpirun: the message says which, and to unset them; Hydra's
+    advice is Hydra's (it passes the environment on), not Open MPI's -x."""
+    with pytest.raises(WorkerEnvError, match=r"\(PMI_RANK=5, PMI_SIZE=8, MPI_LOCALRANKID=1, MPI_LOCALNRANKS=4\).*"
+                       r"Hydra's mpiexec passes the environment on, or give it with mpiexec -genv MASTER_ADDR HOST.*"
+                       r"unset them: unset PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS\.$") as hydra:
+        MpiEnvironment(HYDRA)
+    assert "-x" not in str(hydra.value)
+    several = {**OPEN_MPI, "OMPI_COMM_WORLD_SIZE": "4"}
+    with pytest.raises(WorkerEnvError, match=r"OMPI_COMM_WORLD_SIZE=4.*Open MPI's mpirun forwards it with -x "
+                       r"MASTER_ADDR.*unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE"):
+        MpiEnvironment(several)
+
+
+def test_the_node_is_found_from_the_hosts_unless_the_launcher_gives_it() -> None:
+    """rank // local size is only mpirun's default placement: on several hosts init() asks where the ranks run."""
+    assert MpiEnvironment({**HYDRA, "MASTER_ADDR": "n1"}).placed_by_hosts
+    assert not MpiEnvironment(OPEN_MPI).placed_by_hosts  # every rank on this host: node 0 of 1
+    assert not MpiEnvironment({**PALS, "MASTER_ADDR": "x"}).placed_by_hosts  # PALS_NODEID says it
+    env = MpiEnvironment({**HYDRA, "MASTER_ADDR": "n1"})
+    env.place(0, 2)
+    assert (env.node_rank, env.nnodes) == (0, 2)
+
+
 def test_mvapich_and_cray_pals(layout: Layout) -> None:
     env = MpiEnvironment({**MVAPICH, "MASTER_ADDR": "a", "MASTER_PORT": "2000"})
     assert env.flavour.name == "MVAPICH" and layout(env) == (3, 4, 1, 2, 1, 2, "a", 2000)

@@ -187,8 +187,12 @@ def test_a_temporary_directory_too_deep_for_unix_sockets_is_a_note(tmp_path: Pat
 
 def test_refused_torchrun_options_say_what_to_use_instead() -> None:
     refuse_torchrun_options({option: None for option in REFUSED_TORCHRUN_OPTIONS})
-    with pytest.raises(UsageError, match=r"^--event-log-handler x: .*stderr"):
+    with pytest.raises(UsageError, match=r"^--event-log-handler x: .*stderr.* null"):
         refuse_torchrun_options({"--event-log-handler": "x"})
+    refuse_torchrun_options({"--event-log-handler": "null"})  # torchrun's default: records nothing, as ddpboot
+    refuse_torchrun_options({"--event-log-handler": " NULL "})
+    with pytest.raises(UsageError, match=r"^--logs-specs null: "):
+        refuse_torchrun_options({"--logs-specs": "null"})
 
 
 def test_numa_binding_is_the_requests_cpu_affinity(script: str) -> None:

@@ -147,53 +147,62 @@ def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
 
     p = plan(1)
     slot = p.ranks[0]
-    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in worker_vars(p, slot, CTX, {}, "/e")  # no --log-dir: nothing
+    assert not [k for k in worker_vars(p, slot, CTX, {}, "/e") if "DUMP" in k]  # no --log-dir: nothing
     traced = replace(CTX, trace_dir="/logs/run/attempt_0")
-    env = worker_vars(p, slot, traced, {}, "/e")  # torch 2.11 or later: the TORCH_FR_* names
-    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
-    older = worker_vars(p, slot, replace(traced, fr_names=False), {}, "/e")  # before 2.11: only the older names
-    assert older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and "TORCH_FR_BUFFER_SIZE" not in older
-    assert older["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/logs/run/attempt_0/nccl_trace_rank_"
-    mine = worker_vars(p, slot, traced, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_FR_DUMP_TEMP_FILE": "/x/"},
-                       "/e")
+    names = {}
+    newest = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")
+    oldest = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    between = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")  # 2.11 to 2.14
+    for torch, expected in (((2, 13), between), ((2, 15), newest), ((3, 0), newest), ((2, 10), oldest),
+                            (None, oldest)):
+        env = worker_vars(p, slot, replace(traced, torch=torch), {}, "/e")
+        names[torch] = {k: v for k, v in env.items() if k.startswith(("TORCH_FR_", "TORCH_NCCL_"))
+                        and k != "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+        assert sorted(names[torch]) == sorted(expected), torch  # one name each, the newest this torch reads
+        assert [names[torch][k] for k in expected] == ["2000", "1", "/logs/run/attempt_0/nccl_trace_rank_"]
+    # a user's value under any name of an entry wins: ddpboot sets no other name of it
+    for mine in ({"TORCH_FR_DUMP_ON_TIMEOUT": "0"}, {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}):
+        for torch in ((2, 13), (2, 15), None):
+            env = worker_vars(p, slot, replace(traced, torch=torch), mine, "/e")
+            assert "TORCH_FR_DUMP_ON_TIMEOUT" not in env and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in env, (mine, torch)
+    mine = worker_vars(p, slot, replace(traced, torch=(2, 13)),
+                       {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_FR_DUMP_TEMP_FILE": "/x/"}, "/e")
     assert "TORCH_FR_BUFFER_SIZE" not in mine and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in mine
     assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 def test_the_flight_recorder_names_follow_the_workers_torch(tmp_path: Path) -> None:
-    """The TORCH_FR_* names only where the workers run the launcher's own interpreter and its torch reads them; any
-    other interpreter (PYTHON_EXEC) or a binary may carry an older torch, which reads only the older names."""
+    """The workers' torch release only where they run the launcher's own interpreter; any other interpreter
+    (PYTHON_EXEC) or a binary may carry another torch: unknown, so the oldest names, which every release reads."""
     import sys
 
     from ddpboot.launch.spec import LaunchSpec
-    from ddpboot.launch.supervisor.workers import torch_reads_fr_names, workers_read_fr_names
+    from ddpboot.launch.supervisor.workers import installed_torch, workers_torch
 
     own = LaunchSpec(Target("script", "train.py"), sys.executable, "run-1")
-    assert workers_read_fr_names(own) is torch_reads_fr_names()
+    assert workers_torch(own) == installed_torch() is not None
     other = tmp_path / "python3"
     other.symlink_to("/bin/true")
-    assert workers_read_fr_names(LaunchSpec(Target("script", "train.py"), str(other), "run-1")) is False
-    assert workers_read_fr_names(LaunchSpec(Target("binary", "train"), sys.executable, "run-1")) is False
+    assert workers_torch(LaunchSpec(Target("script", "train.py"), str(other), "run-1")) is None
+    assert workers_torch(LaunchSpec(Target("binary", "train"), sys.executable, "run-1")) is None
 
 
-def test_torch_from_2_11_reads_the_fr_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The version rule, on the package metadata the launcher reads instead of importing torch."""
+def test_the_torch_release_comes_from_the_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher reads the release from the package metadata instead of importing torch."""
     import importlib.metadata
 
-    from ddpboot.launch.supervisor.workers import torch_reads_fr_names
+    from ddpboot.launch.supervisor.workers import installed_torch
 
-    for installed, expected in (("2.10.1", False), ("2.11.0+cu130", True), ("2.13.0", True), ("3.0.0", True)):
-        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=installed: v)
-        torch_reads_fr_names.cache_clear()
-        assert torch_reads_fr_names() is expected, installed
+    for version, expected in (("2.10.1", (2, 10)), ("2.15.0+cu130", (2, 15)), ("3.0.0", (3, 0)), ("local", None)):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, v=version: v)
+        installed_torch.cache_clear()
+        assert installed_torch() == expected, version
 
     def absent(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", absent)
-    torch_reads_fr_names.cache_clear()
-    assert torch_reads_fr_names() is False
+    installed_torch.cache_clear()
+    assert installed_torch() is None
     monkeypatch.undo()
-    torch_reads_fr_names.cache_clear()
+    installed_torch.cache_clear()

@@ -9,7 +9,6 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.nodes.launcher import (
-    SEVERAL_NODES_HINT,
     NodeOptions,
     StoreAddress,
     bind_node_store,
@@ -67,16 +66,33 @@ def test_bad_node_options(options: NodeOptions, message: str) -> None:
         launcher_nodes(options, {})
 
 
-def test_a_fixed_count_through_c10d_without_a_node_rank_is_numbered_by_the_rendezvous() -> None:
+def test_a_fixed_count_through_c10d_is_numbered_by_the_rendezvous() -> None:
     # torchrun's `--nnodes 4 --rdzv-backend c10d --rdzv-endpoint H:P`: every node the same command, no node rank
     for count in ("4", "4:4"):
         nodes = launcher_nodes(NodeOptions(nnodes=count, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29555"), {})
         assert (nodes.source, nodes.min_nodes, nodes.max_nodes, nodes.rdzv_endpoint) == (
             "elastic", 4, 4, "127.0.0.1:29555")
-    # with a node rank, the endpoint stands for node 0's store address, as before
-    given = launcher_nodes(NodeOptions(nnodes="4", node_rank=2, master_addr="127.0.0.1", rdzv_backend="c10d",
+    # with a node rank (a Kubernetes Indexed Job's line) too: torchrun ignores --node-rank there, and says so
+    given = launcher_nodes(NodeOptions(nnodes="4", node_rank=2, rdzv_backend="c10d",
                                        rdzv_endpoint="127.0.0.1:29555"), {})
-    assert (given.source, given.node_rank, given.master_port) == ("flags", 2, 29555)
+    assert (given.source, given.max_nodes, given.rdzv_endpoint) == ("elastic", 4, "127.0.0.1:29555")
+    assert any(n.startswith("--node-rank not used through the c10d rendezvous") for n in given.notes)
+    # inside a SLURM step, which numbers the nodes, the endpoint is node 0's store address
+    slurm = launcher_nodes(NodeOptions(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29556"), SRUN)
+    assert (slurm.source, slurm.node_rank, slurm.master_addr, slurm.master_port) == ("slurm", 1, "127.0.0.1", 29556)
+
+
+def test_the_static_endpoint_line_names_node_0_without_master_addr() -> None:
+    # torchrun's static rendezvous: `--nnodes 2 --node-rank 1 --rdzv-endpoint H:P` is --master-addr H --master-port P
+    nodes = launcher_nodes(NodeOptions(nnodes="2", node_rank=1, rdzv_endpoint="127.0.0.1:29411"), {})
+    assert (nodes.source, nodes.node_rank, nodes.master_addr, nodes.master_port) == ("flags", 1, "127.0.0.1", 29411)
+    assert nodes.master_addr_option == "--rdzv-endpoint"
+    assert launcher_nodes(NodeOptions(nnodes="2", node_rank=1, rdzv_endpoint="127.0.0.1"), {}).master_port == 29500
+    flags = launcher_nodes(NodeOptions(nnodes="2", node_rank=0, master_addr="localhost", master_port=29600,
+                                       rdzv_endpoint="127.0.0.1:29411"), {})
+    assert (flags.master_addr, flags.master_port, flags.master_addr_option) == ("localhost", 29600, "--master-addr")
+    with pytest.raises(UsageError, match=r"--rdzv-endpoint no-such-host\.invalid does not resolve"):
+        launcher_nodes(NodeOptions(nnodes="2", node_rank=1, rdzv_endpoint="no-such-host.invalid:29411"), {})
 
 
 def test_several_nodes_cannot_restart_yet() -> None:
@@ -87,15 +103,40 @@ def test_several_nodes_cannot_restart_yet() -> None:
 def test_standalone_is_one_node_whatever_else_is_said() -> None:
     nodes = launcher_nodes(NodeOptions(nnodes="1:1", node_rank=3, standalone=True), {})
     assert nodes == resolve_nodes({})
-    with pytest.raises(UsageError, match=f"this srun step spans 2 nodes: {re.escape(SEVERAL_NODES_HINT)}"):
+    with pytest.raises(UsageError, match=r"^--standalone, but this srun step spans 2 nodes: each would run a job "
+                       r"of its own\. Drop --standalone: ddpboot then takes the nodes from the step \(SLURM_STEP"):
         launcher_nodes(NodeOptions(standalone=True), SRUN)
-    # `mpirun -np 2 ddpboot --standalone ...` would run two unrelated one-node jobs
+    # `mpirun -np 2 ddpboot --standalone ...` (or `--nnodes 1`) would run two unrelated one-node jobs
     mpirun = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
               "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
-    with pytest.raises(UsageError, match="--standalone, but MPI started 2 ddpboot launchers"):
-        launcher_nodes(NodeOptions(standalone=True), mpirun)
+    for given in (NodeOptions(standalone=True), NodeOptions(nnodes="1"), NodeOptions(nnodes="1:1")):
+        flag = "--standalone" if given.standalone else f"--nnodes {given.nnodes}"
+        with pytest.raises(UsageError, match=rf"^{flag}, but MPI started 2 ddpboot launchers: each would run a job "
+                           rf"of its own\. Drop {flag.split()[0]}: .*OMPI_COMM_WORLD_SIZE/OMPI_COMM_WORLD_RANK.*"
+                           r"mpirun -np 1"):
+            launcher_nodes(given, mpirun)
     alone = {**mpirun, "OMPI_COMM_WORLD_SIZE": "1"}
     assert launcher_nodes(NodeOptions(standalone=True), alone) == resolve_nodes({})
+    assert launcher_nodes(NodeOptions(nnodes="1"), alone).nnodes == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "signs"),
+    [
+        ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "PMI_SIZE=2, PMI_RANK=1"),  # Flux-like: PMI without a local rank
+        ({"PMIX_RANK": "1", "PMIX_NAMESPACE": "prterun-x-1@1"}, "PMIX_RANK=1"),  # PMIx only
+        ({"PBS_JOBID": "7.pbs", "PBS_TASKNUM": "00000002", "PBS_NODENUM": "1"}, "PBS_TASKNUM=00000002"),  # OpenPBS
+        ({"LSB_JOBID": "42", "LSF_PM_TASKID": "2"}, "LSF_PM_TASKID=2"),  # blaunch
+    ],
+)
+def test_a_parallel_launch_ddpboot_cannot_read_is_refused(env: dict[str, str], signs: str) -> None:
+    for options in (NodeOptions(), NodeOptions(standalone=True), NodeOptions(nnodes="1")):
+        with pytest.raises(UsageError, match=rf"{re.escape(signs)} say this ddpboot launcher is one of several tasks "
+                           r".*world of one.*--nnodes N --node-rank R --master-addr HOST.*unset them"):
+            launcher_nodes(options, env)
+    # given the nodes explicitly, it runs as told
+    nodes = launcher_nodes(NodeOptions(nnodes="2", node_rank=1, master_addr="127.0.0.1"), env)
+    assert (nodes.nnodes, nodes.node_rank, nodes.source) == (2, 1, "flags")
 
 
 def test_an_elastic_range_notes_the_options_it_does_not_use() -> None:
@@ -104,7 +145,7 @@ def test_an_elastic_range_notes_the_options_it_does_not_use() -> None:
     nodes = launcher_nodes(options, {})
     assert (nodes.source, nodes.min_nodes, nodes.max_nodes, nodes.rdzv_endpoint) == (
         "elastic", 1, 2, "127.0.0.1:29411")
-    assert any(n.startswith("--node-rank, --master-port not used by an elastic job") for n in nodes.notes)
+    assert any(n.startswith("--node-rank, --master-port not used through the c10d rendezvous") for n in nodes.notes)
     with pytest.raises(UsageError, match="--ranks-filter names global ranks"):
         launcher_nodes(options, {}, ranks_filter="0")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.cluster.base import job_port
-from ddpboot.errors import UsageError
+from ddpboot.errors import UsageError, WorkerEnvError
 from ddpboot.nodes.static import (
     check_resolvable,
     cluster_info,
@@ -193,3 +193,16 @@ def test_pbsdsh_one_launcher_per_host(tmp_path: Path) -> None:
     assert resolve_nodes({**env, "PBS_TASKNUM": "1"}).source == "single"
     s = resolve_nodes(env, node_rank=0)
     assert s.source == "pbs" and any("--node-rank 0 overrides PBS's 1 (from PBS_NODENUM)" in n for n in s.notes)
+    assert s.port_from == "derived from PBS_JOBID and the command of this step"
+    assert resolve_nodes(env, step="x").master_port == job_port("PBS_JOBID=55.pbs x")  # each step its own port
+    assert resolve_nodes({**env, "MASTER_PORT": "29600"}).port_from == ""
+
+
+def test_pbsdsh_on_a_sister_host_takes_the_nodes_from_the_flags() -> None:
+    """Torque gives a task on a host other than the first no PBS_NODEFILE: --nnodes and --master-addr stand in."""
+    env = {"PBS_JOBID": "55.pbs", "PBS_VNODENUM": "2", "PBS_TASKNUM": "4", "PBS_NODENUM": "1", "PBS_NUM_NODES": "2"}
+    s = resolve_nodes(env, nnodes=2, master_addr="n07")
+    assert (s.nnodes, s.node_rank, s.master_addr, s.master_port, s.source) == (
+        2, 1, "n07", job_port("PBS_JOBID=55.pbs"), "pbs")
+    with pytest.raises(WorkerEnvError, match=r"has no PBS_NODEFILE, and --nnodes is not given"):
+        resolve_nodes(env, master_addr="n07")

@@ -86,10 +86,13 @@ def test_a_poll_for_waiting_nodes_is_sent_once_until_answered(pair: tuple[RdzvAg
     assert end.request() == {"cmd": "waiting"}
     assert agent.nodes_waiting() is None  # still pending: not asked again, not waited for
     end.say({"re": "waiting", "waiting": 0})
-    assert agent.nodes_waiting() == 0
+    assert agent.nodes_waiting() == 0 and not agent.closed
     end.sock.setblocking(False)
     with pytest.raises(BlockingIOError):
         end.sock.recv(1)  # the second and third polls sent nothing
+    end.sock.setblocking(True)
+    end.say({"re": "waiting", "waiting": 0, "closed": True})  # another node's job ended for good
+    assert agent.nodes_waiting() == 0 and agent.closed
 
 
 def test_an_agent_that_exits_is_gone(pair: tuple[RdzvAgent, AgentEnd, Messages]) -> None:

@@ -18,8 +18,9 @@ from ddpboot.launch.elastic.client import AgentError, Stopped
 from ddpboot.launch.elastic.driver import EXIT_BARRIER, run_elastic
 from ddpboot.launch.elastic.rounds import Round
 from ddpboot.launch.logs import Console
-from ddpboot.launch.spec import LaunchSpec, Std, Target
+from ddpboot.launch.spec import EndJob, LaunchSpec, Std, Target
 from ddpboot.launch.supervisor import AttemptResult
+from ddpboot.nodes.outcome import LOST_CODE
 from ddpboot.nodes.static import elastic_setup
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -56,6 +57,8 @@ class FakeAgent:
     ready: AgentError | None = None
     waiting: list[int | AgentError | None] = field(default_factory=list)
     gone: bool = False
+    closed: bool = False
+    close_after: int | None = None  # "waiting" answers before the rendezvous is said to be closed
     calls: list[str] = field(default_factory=list)
     joined: list[dict[str, Any]] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +77,9 @@ class FakeAgent:
         return outcome
 
     def nodes_waiting(self) -> int | None:
+        if self.close_after is not None:
+            self.closed = self.close_after <= 0
+            self.close_after -= 1
         answer = self.waiting.pop(0) if self.waiting else 0
         if isinstance(answer, AgentError):
             raise answer
@@ -231,6 +237,35 @@ def test_a_gone_agent_stops_the_workers(tmp_path: Path) -> None:
     assert result is not None and result.restart_reason is not None
     assert result.restart_reason.startswith("the rendezvous agent exited")
     assert job.code == 1  # then no round forms: the agent is gone
+
+
+def ended(watch: Callable[[], object]) -> AttemptResult:
+    """Workers that run until the watch ends the job (an EndJob): the attempt's code is the EndJob's."""
+    for _ in range(5):
+        answer = watch()
+        if isinstance(answer, EndJob):
+            return AttemptResult(code=answer.code, restart_reason=answer.text)
+    return AttemptResult(code=0)
+
+
+def test_a_closed_rendezvous_ends_the_job_here_too(tmp_path: Path) -> None:
+    """Another node's job failed for good and closed the rendezvous: this node's round stops at once, and no new
+    round is asked for (the job has ended)."""
+    agent = FakeAgent([a_round()], close_after=2)
+    job = run_job(agent, Supervisors(ended), tmp_path)
+    assert job.code == LOST_CODE
+    result = job.supervisors.made[0].result
+    assert result is not None and "was closed while the workers here ran" in (result.restart_reason or "")
+    assert agent.calls == ["start", "next", "quit"]
+
+
+def test_a_lost_rendezvous_store_ends_the_job_here_too(tmp_path: Path) -> None:
+    agent = FakeAgent([a_round()], waiting=[0, AgentError("Connection refused", "connect")])
+    job = run_job(agent, Supervisors(ended), tmp_path)
+    assert job.code == LOST_CODE
+    result = job.supervisors.made[0].result
+    assert result is not None and "the rendezvous store at" in (result.restart_reason or "")
+    assert "is gone (Connection refused)" in (result.restart_reason or "")
 
 
 def test_an_agent_that_cannot_say_who_waits_is_no_longer_asked(tmp_path: Path) -> None:
