@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
-
 # Other launchers' options that users type out of habit, and what ddpboot calls them (keys with dashes).
 FOREIGN_OPTIONS = {
     "-np": "mpirun's -np is --nproc N here (the ranks on this node, e.g. --nproc 2)",
@@ -27,6 +25,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     option or value is one `ddpboot: error:` line (exit 2), as every other error a user can make."""
     from typer import Abort
     from typer._click import exceptions  # the click that typer carries (its own copy)
+
+    from ddpboot.cli.tools import TOOLS
 
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] not in TOOLS:
@@ -64,6 +64,8 @@ def _refuse_mistyped_tool(first: str) -> None:
     (or asks for help or the version) is answered with the command meant, not with "the script does not exist"."""
     import difflib
     import os
+
+    from ddpboot.cli.tools import TOOLS
 
     if first.startswith("-") or os.path.exists(first):
         return

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer._click.exceptions import BadParameter  # the click that typer carries (its own copy)
 
-from ddpboot.cli.app import TOOLS
 from ddpboot.cli.options import NODES, SELECTION, OptionGroup, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_dry_run
@@ -75,25 +73,6 @@ def run(
         print("ddpboot: interrupted before anything started", file=sys.stderr)
         raise typer.Exit(130) from None
     raise typer.Exit(code)
-
-
-def print_completion(ctx: typer.Context, shell: str) -> None:
-    """`--print-completion SHELL`: the completion script for the whole `ddpboot` command (this command's options and
-    each subcommand's, cli/completion.py), then exit 0."""
-    from typer.main import get_command
-
-    from ddpboot.cli import completion
-    from ddpboot.cli.tools import tools
-
-    name = shell.strip().lower()
-    if name not in completion.SHELLS:
-        raise BadParameter(f"{shell!r}: choose one of {', '.join(completion.SHELLS)}",
-                         param_hint="'--print-completion'")
-    group = get_command(tools)
-    subcommands = getattr(group, "commands", {})
-    by_tool = {n: completion.options_of(subcommands[n]) for n in TOOLS if n in subcommands}
-    print(completion.script(name, completion.options_of(ctx.command), by_tool), end="")
-    raise typer.Exit(0)
 
 
 def _dry_run(config: LaunchConfig, as_json: bool) -> int:

@@ -27,6 +27,9 @@ from ddpboot.selection.planner import Plan, busy_reasons
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import parse_size
 
+TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
+"""The subcommands: a first argument that names one runs it; anything else is a job's SCRIPT (cli/app.py)."""
+
 # Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
 COMMANDS = (
     "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
