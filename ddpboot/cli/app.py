@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from ddpboot.cli import help as cli_help
 
     click_command = get_command(command)
-    cli_help.install(click_command)
+    cli_help.install(click_command, brief="--help" not in args)  # -h (or nothing): the summary
     try:
         code = click_command.main(args, prog_name="ddpboot", standalone_mode=False)
     except exceptions.NoArgsIsHelpError as exc:  # bare `ddpboot`: typer has shown the help already

@@ -23,7 +23,7 @@ from ddpboot.cli.options import NODES, SELECTION, OptionGroup, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_dry_run
 from ddpboot.cli.run_options import REFUSED, RUN_PARAMS, ArgsArgument, ScriptArgument
-from ddpboot.cli.tools import COMMANDS, INDEX_RULES
+from ddpboot.cli.tools import INDEX_RULES
 from ddpboot.errors import UsageError
 from ddpboot.launch import config as launch_config
 from ddpboot.launch import runner
@@ -43,8 +43,7 @@ RUN = OptionGroup("own", RUN_PARAMS, dict)
 @run_app.command(
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
     epilog=INDEX_RULES,
-    help="Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code.\n\n"
-    + COMMANDS,
+    help="Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code.",
     no_args_is_help=True,
 )
 @handle_errors

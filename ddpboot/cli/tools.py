@@ -31,11 +31,6 @@ TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
 """The subcommands: a first argument that names one runs it; anything else is a job's SCRIPT (cli/app.py)."""
 
 # Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
-COMMANDS = (
-    "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
-    "`ddpboot smoke` runs a multi-GPU self-test, `ddpboot stacks` shows where every rank of a running job is, "
-    "`ddpboot top` shows its ranks live; each takes -h.\n\n"
-)
 INDEX_RULES = (
     "GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and "
     "`ddpboot gpus` show, whatever CUDA_VISIBLE_DEVICES says. When the launcher inherits a CUDA_VISIBLE_DEVICES "
@@ -106,7 +101,7 @@ tools = typer.Typer(
 )
 
 
-@tools.command("plan", epilog=INDEX_RULES)
+@tools.command("plan", short_help="Which GPU each rank would get; starts nothing.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(SELECTION, NODES)
 def plan_cmd(
@@ -125,7 +120,7 @@ def plan_cmd(
         render_plan(plan, wide)
 
 
-@tools.command("gpus", epilog=INDEX_RULES)
+@tools.command("gpus", short_help="The machine's GPUs: free, busy, excluded.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(only(SELECTION, "exclude", "max_used_memory", "max_util"))
 def gpus_cmd(
@@ -145,7 +140,7 @@ def gpus_cmd(
         render_gpus(records, inventory, wide)
 
 
-@tools.command("smoke", epilog=INDEX_RULES)
+@tools.command("smoke", short_help="A multi-GPU self-test on the planned ranks.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(SELECTION, NODES)
 def smoke_cmd(
@@ -191,7 +186,7 @@ def smoke_cmd(
     raise typer.Exit(0 if report.passed else 1)
 
 
-@tools.command("stacks")
+@tools.command("stacks", short_help="Where every rank of a running job is now.")
 @handle_errors
 def stacks_cmd(
     run: Annotated[
@@ -222,7 +217,7 @@ def stacks_cmd(
         print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="")
 
 
-@tools.command("top")
+@tools.command("top", short_help="A running job's ranks, live.")
 @handle_errors
 def top_cmd(
     run: Annotated[
@@ -262,7 +257,7 @@ def top_cmd(
         print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")
 
 
-@tools.command("warm")
+@tools.command("warm", short_help="This user's warm process (for --warm).")
 @handle_errors
 def warm_cmd(
     action: Annotated[str, typer.Argument(help="status (the warm process's state) or stop (end it now).")],
