@@ -12,7 +12,7 @@ import os
 import selectors
 from typing import Protocol
 
-from ddpboot.launch.env import exec_argv
+from ddpboot.launch.env import exec_command
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.spawn import spawn
@@ -46,14 +46,14 @@ class Starter(Protocol):
 
 class ExecStarter:
     """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py); a Python target's through the
-    rank bootstrap (launch/env.py exec_argv)."""
+    rank bootstrap (launch/env.py exec_command)."""
 
     def __init__(self, kind: str = "binary") -> None:
         self.kind = kind  # the target's kind (launch/spec.py Target)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus,
-                     mem_nodes=worker.slot.mem_nodes)
+        argv, env = exec_command(self.kind, worker.argv, worker.env)
+        return spawn(argv, env, stdout, stderr, cpus=worker.slot.cpus, mem_nodes=worker.slot.mem_nodes)
 
     def exits(self) -> list[tuple[int, int]]:
         return []
