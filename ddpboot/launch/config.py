@@ -10,7 +10,7 @@ nothing started):
 2. what SCRIPT is (`-m`, `--no-python`, `--run-path`) and options that contradict each other;
 3. the values that need nothing else: store backend, signals, durations, restarts, start method, rendezvous
    settings (`--rdzv-conf`, once), the preloads' syntax, the output options (-r/-t, which without --log-dir write
-   under the temporary log base, logs.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
+   under the temporary log base, rundir.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
    or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`,
    `--numa-binding` (as the request's CPU affinity, which it contradicts when given);
 4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
@@ -38,7 +38,6 @@ from pathlib import Path
 from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
-from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     check_log_dir,
@@ -57,6 +56,7 @@ from ddpboot.launch.options import (
     target_kind,
 )
 from ddpboot.launch.preflight import check_python, check_rank_count, check_target, temp_dir_note
+from ddpboot.launch.rundir import temporary_log_base
 from ddpboot.launch.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     LinePrefix,
