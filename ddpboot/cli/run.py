@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -28,6 +27,7 @@ from ddpboot.errors import UsageError
 from ddpboot.launch import config as launch_config
 from ddpboot.launch import runner
 from ddpboot.launch.config import LaunchConfig, NodeOptions, RunOptions, SelectionOptions
+from ddpboot.launch.paths import current_directory
 
 run_app = typer.Typer(
     add_completion=False,
@@ -66,7 +66,7 @@ def run(
     if as_json and not options.dry_run:
         raise UsageError("--json prints a dry run: add --dry-run, or drop --json (a job's output is its ranks').")
     try:
-        config = launch_config.build(options, dict(os.environ), Path.cwd())
+        config = launch_config.build(options, dict(os.environ), current_directory())
         code = _dry_run(config, as_json) if config.dry_run else runner.run(config)
     except KeyboardInterrupt:  # Ctrl-C while planning or waiting for GPUs: nothing was started
         print("ddpboot: interrupted before anything started", file=sys.stderr)

@@ -55,7 +55,8 @@ from ddpboot.launch.options import (
     resolve_std,
     target_kind,
 )
-from ddpboot.launch.preflight import check_python, check_rank_count, check_target, temp_dir_note
+from ddpboot.launch.paths import temp_dir_note
+from ddpboot.launch.preflight import check_python, check_rank_count, check_target
 from ddpboot.launch.rundir import temporary_log_base
 from ddpboot.launch.spec import (
     DEFAULT_PREFIX_TEMPLATE,
