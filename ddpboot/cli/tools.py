@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TextIO
@@ -233,7 +234,9 @@ def top_cmd(
 ) -> None:
     """Show a running job's ranks, one line each, refreshed in place: pid, state, CPU %, memory, GPU memory and
     utilisation, seconds since the rank's last output, its progress bar, and the GPU watch's warnings. `q` or
-    Ctrl-C leaves. GPUs are read as `ddpboot gpus` reads them (NVML, or DDPBOOT_FAKE_GPUS)."""
+    Ctrl-C leaves. Into a pipe or a file (not a terminal) it prints the table once and exits, as `top -b -n 1`
+    does: `watch ddpboot top` refreshes it. GPUs are read as `ddpboot gpus` reads them (NVML, or
+    DDPBOOT_FAKE_GPUS)."""
     import time
 
     from ddpboot.cli import top
@@ -246,12 +249,12 @@ def top_cmd(
     if status is None:
         raise UsageError(f"the launcher (pid {record.pid}) publishes no status in {record.run_dir}: it has ended, "
                          "or it is a ddpboot without `ddpboot top`.")
-    if as_json:
-        sampler = top.Sampler(os.environ)
-        sampler.look(status)
-        time.sleep(interval)  # the CPU % is measured over this time
-        rows = sampler.rows(status)
-        print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+    if as_json or not sys.stdout.isatty():  # a pipe, a file, `watch`: one snapshot, as `top -b -n 1` prints
+        rows = top.sample_once(status, interval, os.environ)
+        if as_json:
+            print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+        else:
+            top.print_once(status, rows)
         return
     if top.watch(record.run_dir, record.pid, status, interval, os.environ) == "ended":
         print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")

@@ -321,6 +321,25 @@ class Sampler:
         return rows
 
 
+def sample_once(status: Mapping[str, Any], interval: float, env: Mapping[str, str]) -> list[Row]:
+    """One snapshot's rows, the CPU % measured over `interval` seconds."""
+    sampler = Sampler(env)
+    try:
+        sampler.look(status)
+        time.sleep(interval)  # the CPU % is measured over this time
+        return sampler.rows(status)
+    finally:
+        sampler.gpus.close()
+
+
+def print_once(status: Mapping[str, Any], rows: list[Row]) -> None:
+    """The table once, as wide as COLUMNS (200 in a pipe): for a pipe, a file or `watch`."""
+    from ddpboot.cli.output import console
+
+    con = console()
+    con.print(render(status, rows, con.width))
+
+
 @contextlib.contextmanager
 def _keys() -> Iterator[Callable[[float], str]]:
     """A function that waits up to its timeout for a key and returns it ("" for none): stdin in cbreak mode while
