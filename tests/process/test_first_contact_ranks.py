@@ -6,15 +6,17 @@ said to go with the temporary run directory.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import clean_env, run_launcher
+from tests.support import clean_env, ddpboot_exe, run_launcher
 
 SHOW = """\
 import os, sys
-print("CMDLINE", os.environ["RANK"], open("/proc/self/cmdline", "rb").read().hex(), flush=True)
+print("CMDLINE", os.environ["RANK"], open("/proc/self/cmdline", "rb").read().hex(), os.fstat(0).st_ino, flush=True)
 """
 
 IGNORE_TERM = """\
@@ -30,12 +32,21 @@ sys.exit(4)
 
 @pytest.mark.parametrize("start", [[], ["--fast-start"]])
 def test_a_ranks_command_line_names_its_script_in_at_most_200_characters(start: list[str], tmp_path: Path) -> None:
+    """... and every rank shares the launcher's stdin, as under torchrun (reference.md)."""
     (tmp_path / "show_me.py").write_text(SHOW)
-    done = run_launcher([*start, "--cpu", "--nproc", "2", "show_me.py", "--lr", "3"], clean_env(TMPDIR=str(tmp_path)),
-                        cwd=tmp_path)
+    read, write = os.pipe()
+    try:
+        done = subprocess.run([*ddpboot_exe(), *start, "--cpu", "--nproc", "2", "show_me.py", "--lr", "3"],
+                              env=clean_env(TMPDIR=str(tmp_path)), cwd=tmp_path, stdin=read, capture_output=True,
+                              text=True, timeout=120)
+        pipe = os.fstat(read).st_ino
+    finally:
+        os.close(read)
+        os.close(write)
     assert done.returncode == 0, done.stderr
     lines = [line.split() for line in done.stdout.splitlines() if "CMDLINE" in line]
     assert sorted(words[2] for words in lines) == ["0", "1"], done.stdout
+    assert [int(words[4]) for words in lines] == [pipe, pipe]
     for words in lines:
         cmdline = bytes.fromhex(words[3])
         assert len(cmdline) <= 200, cmdline
