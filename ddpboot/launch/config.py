@@ -275,14 +275,16 @@ def build_plan(
     max_restarts: int = 0,
     ranks_filter: str | None = None,
     from_env: Mapping[str, str] | None = None,
+    forked: bool = False,
 ) -> PlanConfig:
-    """Steps 4 and 6 of `build` (the module docstring): the node setup, the store's address, the request."""
+    """Steps 4 and 6 of `build` (the module docstring): the node setup, the store's address, the request.
+    `forked`: the ranks are forked by a fast-start or warm process (one more process of the user's)."""
     with _named_sources(from_env or {}, env):
         nodes = launcher_nodes(node_options, env, max_restarts, ranks_filter)
         address = store_address(nodes, node_options)
         request = parse_selection(selection, nodes.nnodes, nodes.node_rank)
         if isinstance(request.nproc, int):
-            check_rank_count(request.nproc, selection.oversubscribe)
+            check_rank_count(request.nproc, selection.oversubscribe, forked)
         return PlanConfig(env, nodes, address, request)
 
 
@@ -332,7 +334,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
         selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
         planned = build_plan(selection, o.nodes, env, max_restarts=o.max_restarts,  # 4 and 6
-                             ranks_filter=o.ranks_filter, from_env=o.from_env)
+                             ranks_filter=o.ranks_filter, from_env=o.from_env, forked=o.fast_start or o.warm)
         nodes = planned.nodes
         allow = parse_store_allow(o.store_allow, nodes, backend)
         python = check_python(env)  # 5

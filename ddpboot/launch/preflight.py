@@ -228,7 +228,7 @@ STORE_FILES = 16  # the store server's own (10 measured: stdio, its listeners, e
 STORE_CONNECTIONS_PER_RANK = 2
 """Connections one rank holds to the job's store: 1 measured (the default process group's TCPStore client, gloo and
 NCCL alike; its PrefixStores share it), and 1 more for a group split off it (`split_group` clones the client)."""
-LAUNCHER_PROCS = 2  # the guardian, and the fast-start (or warm) process that forks the ranks
+LAUNCHER_PROCS = 1  # the guardian (the store, the orphan killer); one more forks the ranks with --fast-start, --warm
 CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24  # linux/capability.h
 
 
@@ -312,34 +312,37 @@ def tasks_of(uid: int) -> int:
     return count
 
 
-def _check_processes(ranks: int) -> None:
+def _check_processes(ranks: int, forked: bool) -> None:
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     if limit == resource.RLIM_INFINITY or not nproc_applies():
         return
     running = tasks_of(os.getuid())
-    needed = ranks + LAUNCHER_PROCS
+    own = LAUNCHER_PROCS + forked
+    needed = ranks + own
     if running + needed <= limit:
         return
-    fits = limit - running - LAUNCHER_PROCS
+    fits = limit - running - own
     fewer = f"Ask for at most {fits} rank{'s' if fits != 1 else ''}, or raise" if fits > 0 else "Raise"
+    helpers = "its guardian and the process that forks the ranks" if forked else "its guardian"
     raise UsageError(
-        f"--nproc {ranks}: the job needs {needed} processes ({ranks} rank{'s' if ranks != 1 else ''} and "
-        f"{LAUNCHER_PROCS} of the launcher's: its guardian, and a fast-start process if any) besides the {running} "
-        f"you run now (each thread counts, this launcher included), but your process limit (ulimit -u, "
-        f"RLIMIT_NPROC) is {limit}. {fewer} the limit before starting ddpboot (`ulimit -u "
-        f"{running + needed + 16 * ranks}` leaves each rank room for 16 threads; torch starts several)."
+        f"--nproc {ranks}: the job needs {needed} processes ({ranks} rank{'s' if ranks != 1 else ''} and {own} of "
+        f"the launcher's: {helpers}) besides the {running} you run now (each thread counts, this launcher "
+        f"included), but your process limit (ulimit -u, RLIMIT_NPROC) is {limit}. {fewer} the limit before "
+        f"starting ddpboot (`ulimit -u {running + needed + 16 * ranks}` leaves each rank room for 16 threads; torch "
+        "starts several)."
     )
 
 
-def check_rank_count(ranks: int, oversubscribe: bool) -> None:
+def check_rank_count(ranks: int, oversubscribe: bool, forked: bool = False) -> None:
     """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows (the ranks, the
-    launcher's own, and those the user runs already; only where the kernel applies the limit), or (unless
+    launcher's own, `forked`: one more that forks the ranks, and those the user runs already; only where the kernel
+    applies the limit), or (unless
     `oversubscribe`) more than RANKS_PER_CORE ranks per usable core. The open-file limit is checked once the plan
     says how many ranks this node runs and its store serves (ensure_open_files, before the store listens)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    _check_processes(ranks)
+    _check_processes(ranks, forked)
     if not oversubscribe and ranks > RANKS_PER_CORE * cores:
         raise UsageError(
             f"--nproc {ranks}: {ranks} ranks on {cores} usable CPU core{'s' if cores != 1 else ''} is more than "

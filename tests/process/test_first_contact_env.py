@@ -104,16 +104,19 @@ def test_a_script_under_a_directory_the_user_may_not_search(shared_dir: Path) ->
 
 
 def test_a_low_process_limit_counts_the_launchers_own_processes(shared_dir: Path) -> None:
-    """4 ranks need 4 + 2 processes beside the launcher and what uid 65534 runs already (R, measured first): a limit
-    of R + 6 is refused before anything starts (it crashed at fork before); R + 7 would run, R + 9 does (room for
-    another process of that user meanwhile)."""
+    """4 ranks need 4 + 1 processes (the guardian) beside the launcher and what uid 65534 runs already (R, measured
+    first): a limit of R + 5 is refused before anything starts (it crashed at fork before); R + 6 would run, R + 8
+    does (room for another process of that user meanwhile); with --fast-start one more is counted."""
     marks = shared_dir / "marks"
     others = int(as_uid(NOBODY, lambda: [str(sum(1 for p in Path("/proc").iterdir() if p.name.isdigit()
                                                   and p.stat().st_uid == NOBODY) - 1)])[0])
-    line = one_error(as_nobody(["--cpu", "--nproc", "4", "mark.py", str(marks)], shared_dir, others + 6), marks)
-    assert line.startswith("ddpboot: error: --nproc 4: the job needs 6 processes (4 ranks and 2 of the launcher's")
-    assert f"(ulimit -u, RLIMIT_NPROC) is {others + 6}. Ask for at most 3 ranks" in line, line
-    done = as_nobody(["--cpu", "--nproc", "4", "mark.py", str(marks)], shared_dir, others + 9)
+    line = one_error(as_nobody(["--cpu", "--nproc", "4", "mark.py", str(marks)], shared_dir, others + 5), marks)
+    assert line.startswith("ddpboot: error: --nproc 4: the job needs 5 processes (4 ranks and 1 of the launcher's")
+    assert f"(ulimit -u, RLIMIT_NPROC) is {others + 5}. Ask for at most 3 ranks" in line, line
+    forked = one_error(as_nobody(["--fast-start", "--cpu", "--nproc", "4", "mark.py", str(marks)], shared_dir,
+                                 others + 6), marks)
+    assert "needs 6 processes (4 ranks and 2 of the launcher's: its guardian and the process that forks" in forked
+    done = as_nobody(["--cpu", "--nproc", "4", "mark.py", str(marks)], shared_dir, others + 8)
     assert done.returncode == 0 and len(list(marks.iterdir())) == 4, done.stderr
 
 

@@ -166,12 +166,13 @@ def test_the_file_limit_holds_even_oversubscribed(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a child drops to uid 65534, where the limit applies")
 def test_the_process_limit_counts_the_launchers_own_and_what_the_user_runs() -> None:
-    """As an ordinary user (uid 65534, a real RLIMIT_NPROC of 4 in a forked child) 2 ranks and the launcher's 2 fit
-    beside the child itself only when the limit holds 5; as root the kernel applies no limit and none is refused."""
+    """As an ordinary user (uid 65534, a real RLIMIT_NPROC of 3 in a forked child) 2 ranks and the launcher's
+    guardian fit beside the child itself only when the limit holds 4; as root the kernel applies no limit and none
+    is refused."""
     import resource
 
     def as_nobody() -> list[str]:
-        resource.setrlimit(resource.RLIMIT_NPROC, (4, 4))
+        resource.setrlimit(resource.RLIMIT_NPROC, (3, 3))
         said = [str(nproc_applies()), str(tasks_of(os.getuid()))]
         try:
             check_rank_count(2, oversubscribe=True)
@@ -181,8 +182,9 @@ def test_the_process_limit_counts_the_launchers_own_and_what_the_user_runs() -> 
 
     applies, running, message = as_uid(65534, as_nobody)
     assert applies == "True" and int(running) >= 1, (applies, running, message)
-    assert message.startswith("--nproc 2: the job needs 4 processes (2 ranks and 2 of the launcher's") and (
-        f"besides the {running} you run now" in message and "(ulimit -u, RLIMIT_NPROC) is 4" in message)
+    assert message.startswith("--nproc 2: the job needs 3 processes (2 ranks and 1 of the launcher's: its "
+                              "guardian)") and (
+        f"besides the {running} you run now" in message and "(ulimit -u, RLIMIT_NPROC) is 3" in message)
     assert not nproc_applies() and tasks_of(os.getuid()) >= threading.active_count()
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
     resource.setrlimit(resource.RLIMIT_NPROC, (5, hard))
