@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
-
 # Other launchers' options that users type out of habit, and what ddpboot calls them (keys with dashes).
 FOREIGN_OPTIONS = {
     "-np": "mpirun's -np is --nproc N here (the ranks on this node, e.g. --nproc 2)",
@@ -28,6 +26,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from typer import Abort
     from typer._click import exceptions  # the click that typer carries (its own copy)
 
+    from ddpboot.cli.tools import TOOLS
+
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] not in TOOLS:
         _refuse_mistyped_tool(args[0])
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from ddpboot.cli import help as cli_help
 
     click_command = get_command(command)
-    cli_help.install(click_command)
+    cli_help.install(click_command, brief="--help" not in args)  # -h (or nothing): the summary
     try:
         code = click_command.main(args, prog_name="ddpboot", standalone_mode=False)
     except exceptions.NoArgsIsHelpError as exc:  # bare `ddpboot`: typer has shown the help already
@@ -64,6 +64,8 @@ def _refuse_mistyped_tool(first: str) -> None:
     (or asks for help or the version) is answered with the command meant, not with "the script does not exist"."""
     import difflib
     import os
+
+    from ddpboot.cli.tools import TOOLS
 
     if first.startswith("-") or os.path.exists(first):
         return

@@ -147,3 +147,21 @@ def _fish(run: list[Opt], tools: dict[str, list[Opt]]) -> str:
     for name, opts in tools.items():
         lines += _fish_lines(opts, f"__fish_seen_subcommand_from {name}")
     return "\n".join(lines) + "\n"
+
+
+def print_completion(ctx: Context, shell: str) -> None:
+    """`--print-completion SHELL`: the completion script for the whole `ddpboot` command (this command's options and
+    each subcommand's), then exit 0."""
+    from typer import Exit
+    from typer._click.exceptions import BadParameter
+    from typer.main import get_command
+
+    from ddpboot.cli.tools import TOOLS, tools
+
+    name = shell.strip().lower()
+    if name not in SHELLS:
+        raise BadParameter(f"{shell!r}: choose one of {', '.join(SHELLS)}", param_hint="'--print-completion'")
+    subcommands = getattr(get_command(tools), "commands", {})
+    by_tool = {n: options_of(subcommands[n]) for n in TOOLS if n in subcommands}
+    print(script(name, options_of(ctx.command), by_tool), end="")
+    raise Exit(0)

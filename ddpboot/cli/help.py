@@ -1,4 +1,6 @@
-"""`-h`: every command's help, in the panels its options declare, readable at 80 columns.
+"""`-h` and `--help`: each command's help, readable at 80 columns. `-h` is the summary that fits one screen (the
+options a user needs first, one line each, the subcommands, and where to read the rest), `--help` the whole
+reference, as ripgrep's and git's; a command whose whole help is short (`ddpboot top`) shows it for both.
 
 Rich's help tables give each option's names, type and text a column each; with torchrun's aliases
 (`--nproc,--nproc-per-node,--nproc_per_node`) the names were cut and the text squeezed into a narrow column. Here
@@ -10,6 +12,7 @@ text column. Panels come in the order their first option is declared, so the opt
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +24,62 @@ if TYPE_CHECKING:
 NAME_WIDTH = 26  # the name column (`--nproc N|gpu|auto|cpu` fits); a longer name takes a line of its own
 _TYPE_METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "bool": ""}
 
+# `-h`: the options a user needs first, per command, in this order, each with a text that fits one line beside its
+# name at 80 columns. A command not named here shows its whole help for -h too.
+BRIEF = {
+    "ddpboot": {
+        "nproc": "Ranks on this node (default 1).",
+        "gpus": "Exactly these GPUs: 0,2 or 0-3 or UUIDs.",
+        "exclude": "Never these GPUs.",
+        "cpu": "CPU ranks with gloo, even where GPUs exist.",
+        "module": "SCRIPT is a module, run as python -m.",
+        "no_python": "SCRIPT is a program, not Python.",
+        "nnodes": "Nodes (with --node-rank, --master-addr).",
+        "log_dir": "Each rank's output into DIR/RUN_ID/.",
+        "max_restarts": "Restart every rank up to N times.",
+        "fast_start": "Import torch once; fork every rank.",
+        "warm": "Fork ranks from a process kept warm.",
+        "dry_run": "Show each worker's command; start nothing.",
+        "version": "Print ddpboot's version and exit.",
+        "help": "-h this summary; --help every option.",
+    },
+    "plan": {
+        "nproc": "Ranks on this node (default 1).",
+        "gpus": "Exactly these GPUs: 0,2 or 0-3 or UUIDs.",
+        "exclude": "Never these GPUs.",
+        "cpu": "CPU ranks, even where GPUs exist.",
+        "isolation": "What each worker sees (default rank).",
+        "nnodes": "Nodes (with --node-rank, --master-addr).",
+        "as_json": "Print the plan as one JSON object.",
+        "wide": "Every column, full UUIDs and bus ids.",
+        "help": "-h this summary; --help every option.",
+    },
+    "smoke": {
+        "nproc": "Ranks on this node (default 1).",
+        "gpus": "Exactly these GPUs: 0,2 or 0-3 or UUIDs.",
+        "exclude": "Never these GPUs.",
+        "cpu": "CPU ranks, even where GPUs exist.",
+        "checks": "Only these checks (comma list).",
+        "timeout": "Seconds for the whole run (default 120).",
+        "as_json": "Print the report as one JSON object.",
+        "junit": "Also write a JUnit XML report here.",
+        "help": "-h this summary; --help every option.",
+    },
+}
+_BRIEF_COMMANDS = "Commands (each takes -h)"
 
-def install(command: Any) -> None:
-    """Give `command` and its subcommands this help (click calls format_help for -h and for no arguments)."""
-    command.format_help = lambda ctx, _formatter: print_help(command, ctx)
+
+def install(command: Any, brief: bool = False) -> None:
+    """Give `command` and its subcommands this help (click calls format_help for -h, --help and for no
+    arguments); `brief`: the summary (-h, or no arguments) rather than the whole reference (--help)."""
+    command.format_help = lambda ctx, _formatter: print_help(command, ctx, brief)
     for sub in getattr(command, "commands", {}).values():
-        install(sub)
+        install(sub, brief)
 
 
-def print_help(command: Any, ctx: Any) -> None:
-    """Usage, the command's first paragraph, one panel per option group, then the rest of its text and epilog."""
+def print_help(command: Any, ctx: Any, brief: bool = False) -> None:
+    """Usage, the command's first paragraph, one panel per option group (brief: one panel of the options a user
+    needs first), the subcommands, then the rest of its text and epilog (brief: where to read more)."""
     from rich.padding import Padding
 
     con = console(pipe_width=80)
@@ -38,12 +87,20 @@ def print_help(command: Any, ctx: Any) -> None:
     first, *rest = inspect.cleandoc(command.help or "").split("\n\n")
     if first:
         con.print(Padding(first.replace("\n", " "), (1, 1, 1, 1)))
-    for title, rows in panels(command, ctx):
-        con.print(panel(title, rows))
+    chosen = BRIEF.get(_brief_key(ctx)) if brief else None
+    if chosen is not None:
+        con.print(panel("Options to start with", brief_rows(command, ctx, chosen)))
+    else:
+        for title, rows in panels(command, ctx):
+            con.print(panel(title, rows))
     subcommands = [(name, sub) for name, sub in getattr(command, "commands", {}).items() if not sub.hidden]
-    if subcommands:
-        rows = [(name, escape(inspect.cleandoc(sub.help or "").split("\n\n")[0])) for name, sub in subcommands]
-        con.print(panel("Commands", rows))
+    if subcommands or ctx.parent is None:
+        con.print(panel(_BRIEF_COMMANDS if brief else "Commands", tool_rows(subcommands)))
+    if chosen is not None:
+        name = ctx.command_path
+        con.print(Padding(f"`{name} --help` shows every option, with its environment variable and default; "
+                          "docs/reference.md explains each.", (1, 1, 1, 1)), style="dim")
+        return
     hidden = underscores(command.get_params(ctx))
     if hidden:
         rest.append(f"torchrun's spellings with underscores ({', '.join(hidden[:2])} and the others) are accepted "
@@ -52,6 +109,30 @@ def print_help(command: Any, ctx: Any) -> None:
         if paragraph.strip():
             con.print(Padding(paragraph.replace("\n", " "), (1, 1, 0, 1)), style="dim")
     con.print()
+
+
+def _brief_key(ctx: Any) -> str:
+    """The command's name in BRIEF: the job's is `ddpboot`, a tool's its own."""
+    return str(ctx.info_name) if ctx.parent is not None else "ddpboot"
+
+
+def brief_rows(command: Any, ctx: Any, chosen: dict[str, str]) -> list[tuple[str, str]]:
+    """The options of BRIEF, in its order, each with its one-line text."""
+    params = {p.name: p for p in command.get_params(ctx)}
+    return [(names(params[name]).split("/", 1)[0], escape(text)) for name, text in chosen.items() if name in params]
+
+
+def tool_rows(subcommands: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """One row per subcommand (the tools' short help, cli/tools.py); a job's own help lists the tools too."""
+    if not subcommands:
+        from typer.main import get_command
+
+        from ddpboot.cli.tools import TOOLS, tools
+
+        group = getattr(get_command(tools), "commands", {})
+        subcommands = [(name, group[name]) for name in TOOLS if name in group]
+    return [(f"ddpboot {name}" if not name.startswith("ddpboot") else name,
+             escape(sub.short_help or inspect.cleandoc(sub.help or "").split("\n\n")[0])) for name, sub in subcommands]
 
 
 def usage(command: Any, ctx: Any) -> str:
@@ -75,10 +156,11 @@ def panels(command: Any, ctx: Any) -> list[tuple[str, list[tuple[str, str]]]]:
         if getattr(param, "hidden", False):
             continue
         is_argument = param.param_type_name == "argument"
-        row = (names(param), describe(param, ctx))
         if param.name == "help":
-            help_rows.append(row)
+            summary = _brief_key(ctx) in BRIEF
+            help_rows.append((names(param), "This reference; -h shows a summary." if summary else describe(param, ctx)))
             continue
+        row = (names(param), describe(param, ctx))
         title = getattr(param, "rich_help_panel", None) or ("Arguments" if is_argument else "Options")
         out.setdefault(title, []).append(row)
     out.setdefault("Options", []).extend(help_rows)
@@ -137,7 +219,7 @@ def describe(param: Any, ctx: Any) -> str:
     if also:
         extra.append("also " + ", ".join(also))
     default = shown_default(param, ctx)
-    if default:
+    if default and not re.search(r"\bDefault\b", text):  # "Default warn." in the text is not said twice
         extra.append(f"default {default}")
     envvar = param.envvar if getattr(param, "show_envvar", True) else None
     if envvar:

@@ -14,22 +14,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
-from typer._click.exceptions import BadParameter  # the click that typer carries (its own copy)
 
-from ddpboot.cli.app import TOOLS
 from ddpboot.cli.options import NODES, SELECTION, OptionGroup, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_dry_run
 from ddpboot.cli.run_options import REFUSED, RUN_PARAMS, ArgsArgument, ScriptArgument
-from ddpboot.cli.tools import COMMANDS, INDEX_RULES
+from ddpboot.cli.tools import INDEX_RULES
 from ddpboot.errors import UsageError
 from ddpboot.launch import config as launch_config
 from ddpboot.launch import runner
 from ddpboot.launch.config import LaunchConfig, NodeOptions, RunOptions, SelectionOptions
+from ddpboot.launch.paths import current_directory
 
 run_app = typer.Typer(
     add_completion=False,
@@ -45,8 +43,7 @@ RUN = OptionGroup("own", RUN_PARAMS, dict)
 @run_app.command(
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
     epilog=INDEX_RULES,
-    help="Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code.\n\n"
-    + COMMANDS,
+    help="Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code.",
     no_args_is_help=True,
 )
 @handle_errors
@@ -69,31 +66,12 @@ def run(
     if as_json and not options.dry_run:
         raise UsageError("--json prints a dry run: add --dry-run, or drop --json (a job's output is its ranks').")
     try:
-        config = launch_config.build(options, dict(os.environ), Path.cwd())
+        config = launch_config.build(options, dict(os.environ), current_directory())
         code = _dry_run(config, as_json) if config.dry_run else runner.run(config)
     except KeyboardInterrupt:  # Ctrl-C while planning or waiting for GPUs: nothing was started
         print("ddpboot: interrupted before anything started", file=sys.stderr)
         raise typer.Exit(130) from None
     raise typer.Exit(code)
-
-
-def print_completion(ctx: typer.Context, shell: str) -> None:
-    """`--print-completion SHELL`: the completion script for the whole `ddpboot` command (this command's options and
-    each subcommand's, cli/completion.py), then exit 0."""
-    from typer.main import get_command
-
-    from ddpboot.cli import completion
-    from ddpboot.cli.tools import tools
-
-    name = shell.strip().lower()
-    if name not in completion.SHELLS:
-        raise BadParameter(f"{shell!r}: choose one of {', '.join(completion.SHELLS)}",
-                         param_hint="'--print-completion'")
-    group = get_command(tools)
-    subcommands = getattr(group, "commands", {})
-    by_tool = {n: completion.options_of(subcommands[n]) for n in TOOLS if n in subcommands}
-    print(completion.script(name, completion.options_of(ctx.command), by_tool), end="")
-    raise typer.Exit(0)
 
 
 def _dry_run(config: LaunchConfig, as_json: bool) -> int:

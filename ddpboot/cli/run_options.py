@@ -30,8 +30,10 @@ def _print_version(value: bool) -> None:
 
 
 def _print_completion(ctx: typer.Context, value: str | None) -> None:
-    if value is not None:  # eager, as --version: SCRIPT is not needed; cli/run.py prints the script and exits
-        importlib.import_module("ddpboot.cli.run").print_completion(ctx, value)
+    if value is not None:  # eager, as --version: SCRIPT is not needed; it prints the script and exits
+        from ddpboot.cli.completion import print_completion
+
+        print_completion(ctx, value)
 
 
 PrintCompletionOption = Annotated[

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, TextIO
@@ -27,12 +28,10 @@ from ddpboot.selection.planner import Plan, busy_reasons
 from ddpboot.selection.visible import resolve_visible
 from ddpboot.units import parse_size
 
+TOOLS = ("plan", "gpus", "smoke", "stacks", "top", "warm")
+"""The subcommands: a first argument that names one runs it; anything else is a job's SCRIPT (cli/app.py)."""
+
 # Help epilogs: one line per paragraph, as rich help reflows each paragraph to the terminal's width.
-COMMANDS = (
-    "Commands: `ddpboot plan` shows which GPU each rank would get, `ddpboot gpus` lists the machine's GPUs, "
-    "`ddpboot smoke` runs a multi-GPU self-test, `ddpboot stacks` shows where every rank of a running job is, "
-    "`ddpboot top` shows its ranks live; each takes -h.\n\n"
-)
 INDEX_RULES = (
     "GPU numbering: indices given to --gpus and --exclude are physical indices, the ones nvidia-smi and "
     "`ddpboot gpus` show, whatever CUDA_VISIBLE_DEVICES says. When the launcher inherits a CUDA_VISIBLE_DEVICES "
@@ -103,7 +102,7 @@ tools = typer.Typer(
 )
 
 
-@tools.command("plan", epilog=INDEX_RULES)
+@tools.command("plan", short_help="Which GPU each rank would get; starts nothing.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(SELECTION, NODES)
 def plan_cmd(
@@ -122,7 +121,7 @@ def plan_cmd(
         render_plan(plan, wide)
 
 
-@tools.command("gpus", epilog=INDEX_RULES)
+@tools.command("gpus", short_help="The machine's GPUs: free, busy, excluded.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(only(SELECTION, "exclude", "max_used_memory", "max_util"))
 def gpus_cmd(
@@ -142,7 +141,7 @@ def gpus_cmd(
         render_gpus(records, inventory, wide)
 
 
-@tools.command("smoke", epilog=INDEX_RULES)
+@tools.command("smoke", short_help="A multi-GPU self-test on the planned ranks.", epilog=INDEX_RULES)
 @handle_errors
 @with_options(SELECTION, NODES)
 def smoke_cmd(
@@ -188,7 +187,7 @@ def smoke_cmd(
     raise typer.Exit(0 if report.passed else 1)
 
 
-@tools.command("stacks")
+@tools.command("stacks", short_help="Where every rank of a running job is now.")
 @handle_errors
 def stacks_cmd(
     run: Annotated[
@@ -219,7 +218,7 @@ def stacks_cmd(
         print(path.with_suffix(".txt").read_text(encoding="utf-8"), end="")
 
 
-@tools.command("top")
+@tools.command("top", short_help="A running job's ranks, live.")
 @handle_errors
 def top_cmd(
     run: Annotated[
@@ -235,7 +234,9 @@ def top_cmd(
 ) -> None:
     """Show a running job's ranks, one line each, refreshed in place: pid, state, CPU %, memory, GPU memory and
     utilisation, seconds since the rank's last output, its progress bar, and the GPU watch's warnings. `q` or
-    Ctrl-C leaves. GPUs are read as `ddpboot gpus` reads them (NVML, or DDPBOOT_FAKE_GPUS)."""
+    Ctrl-C leaves. Into a pipe or a file (not a terminal) it prints the table once and exits, as `top -b -n 1`
+    does: `watch ddpboot top` refreshes it. GPUs are read as `ddpboot gpus` reads them (NVML, or
+    DDPBOOT_FAKE_GPUS)."""
     import time
 
     from ddpboot.cli import top
@@ -248,18 +249,18 @@ def top_cmd(
     if status is None:
         raise UsageError(f"the launcher (pid {record.pid}) publishes no status in {record.run_dir}: it has ended, "
                          "or it is a ddpboot without `ddpboot top`.")
-    if as_json:
-        sampler = top.Sampler(os.environ)
-        sampler.look(status)
-        time.sleep(interval)  # the CPU % is measured over this time
-        rows = sampler.rows(status)
-        print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+    if as_json or not sys.stdout.isatty():  # a pipe, a file, `watch`: one snapshot, as `top -b -n 1` prints
+        rows = top.sample_once(status, interval, os.environ)
+        if as_json:
+            print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+        else:
+            top.print_once(status, rows)
         return
     if top.watch(record.run_dir, record.running, status, interval, os.environ) == "ended":
         print(f"ddpboot top: the job (run id {record.run_id}, launcher pid {record.pid}) has ended.")
 
 
-@tools.command("warm")
+@tools.command("warm", short_help="This user's warm process (for --warm).")
 @handle_errors
 def warm_cmd(
     action: Annotated[str, typer.Argument(help="status (the warm process's state) or stop (end it now).")],

@@ -33,8 +33,7 @@ class ProcReading:
 
 
 def read_process(pid: int, start: int | None = None) -> ProcReading | None:
-    """From /proc/PID/stat; None when the process is gone (or pid is 0: not started), or the pid names another
-    process than the one that started at `start` (when given: the status file's)."""
+    """From /proc/PID/stat; None when gone, not started (pid 0), or not the process that started at `start`."""
     stat = read_stat(pid)
     if stat is None or (start is not None and stat.start != start):
         return None
@@ -291,9 +290,8 @@ def _readings(status: Mapping[str, Any]) -> dict[int, ProcReading | None]:
 
 
 def await_status(run_dir: Path, alive: Callable[[], bool], timeout: float) -> dict[str, Any] | None:
-    """The launcher's status file: it writes it at its first wake-up after the ranks start, so a job found by its
-    ranks has one at once, or within `timeout` while `alive()` (its launcher runs); None when it has none (it
-    ended, or predates the file)."""
+    """The launcher's status file: written at its first wake-up after the ranks start, so a job found by its ranks
+    has one at once, or within `timeout` while `alive()` (its launcher runs); None: it ended, or predates it."""
     from ddpboot.launch.status import read_status
 
     deadline = time.monotonic() + timeout
@@ -320,6 +318,25 @@ class Sampler:
         rows = build_rows(status, self.before, now, at - self.at, self.gpus.read(status), time.time())
         self.before, self.at = now, at
         return rows
+
+
+def sample_once(status: Mapping[str, Any], interval: float, env: Mapping[str, str]) -> list[Row]:
+    """One snapshot's rows, the CPU % measured over `interval` seconds."""
+    sampler = Sampler(env)
+    try:
+        sampler.look(status)
+        time.sleep(interval)  # the CPU % is measured over this time
+        return sampler.rows(status)
+    finally:
+        sampler.gpus.close()
+
+
+def print_once(status: Mapping[str, Any], rows: list[Row]) -> None:
+    """The table once, as wide as COLUMNS (200 in a pipe): for a pipe, a file or `watch`."""
+    from ddpboot.cli.output import console
+
+    con = console()
+    con.print(render(status, rows, con.width))
 
 
 @contextlib.contextmanager

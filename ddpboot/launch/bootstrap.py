@@ -2,9 +2,13 @@
 STACKS_VAR), so that the launcher's stack dumps read every rank without py-spy or ptrace, then run the script
 exactly as `python -u SCRIPT ARGS`, `python -u -m MODULE ARGS` or the `--run-path` runner would. Pure.
 
-A rank's command is `python -u -c CODE KIND NAME ARGS` (KIND: script, module or run_path). CODE is given inline,
-standard library only and imports nothing of ddpboot, so it works with any PYTHON_EXEC interpreter (one without
-ddpboot installed, one inside a container that cannot see the launcher's files). What it keeps as python has it:
+A rank's command is `python -u -c LAUNCH WORDS`: WORDS are what python would be given after `-u` (`train.py ARGS`,
+`-m pkg.train ARGS`), so that `ps`, top, htop, nvidia-smi and py-spy show the rank as `python -u -c exec(...)
+train.py ARGS`, the script's name 63 characters after the interpreter's path. LAUNCH takes the bootstrap's
+source from the rank's environment (BOOTSTRAP_VAR, removed there as it starts, so the script and its children do
+not inherit it) and runs it. The source is standard library only and imports nothing of ddpboot, so it works with
+any PYTHON_EXEC interpreter (one without ddpboot installed, one inside a container that cannot see the launcher's
+files). What it keeps as python has it:
 
 - `__main__` is the interpreter's own module (the script's globals, what pickle and multiprocessing's spawn find),
   holding exactly what `python SCRIPT` gives it (`__file__` absolute, a SourceFileLoader, `__cached__` None) and no
@@ -15,9 +19,9 @@ ddpboot installed, one inside a container that cannot see the launcher's files).
   sys.excepthook prints it), and the interpreter itself then exits as it would (exit code 1, or death by SIGINT
   for a KeyboardInterrupt), after the usual finalisation; SystemExit is the interpreter's own, untouched.
 
-What differs: two frames named `<string>` below the script's in a live stack (py-spy, faulthandler; the summary
-skips them), one open file (the stacks file, close-on-exec), and the process's command line (`ps`; CODE's first line
-says what it is), which `--dry-run` and the failure report show as `python -u SCRIPT ARGS` (launch/env.py).
+What differs: three frames named `<string>` below the script's in a live stack (py-spy, faulthandler; the summary
+skips them), one open file (the stacks file, close-on-exec), and the process's command line, which `--dry-run` and
+the failure report show as `python -u SCRIPT ARGS` (launch/env.py).
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 KINDS = ("script", "module", "run_path")
+BOOTSTRAP_VAR = "DDPBOOT_BOOTSTRAP"
+LAUNCH = f'exec(__import__("os").environ.pop("{BOOTSTRAP_VAR}"))'
+"""The `-c` code of every Python rank: it binds no name in `__main__` (`os` is not left behind)."""
 
 CODE = '''\
 # ddpboot rank bootstrap: faulthandler on DDPBOOT_STACKS, then the script as python runs it
-def _ddpboot_rank():
+def _ddpboot_rank(kind):
     import os, sys
     g = globals()
     del g["_ddpboot_rank"]
@@ -40,14 +47,17 @@ def _ddpboot_rank():
         except Exception:
             pass
     argv = sys.argv
-    kind, name, sys.argv = argv[1], argv[2], argv[2:]
+    words = argv[1:]
+    if kind == "module":
+        words = words[1:]
+    name, sys.argv = words[0], words
     orig = getattr(sys, "orig_argv", None)
     head = orig[:len(orig) - len(argv) - 1] if orig else None
     keep = not getattr(sys.flags, "safe_path", False)
     set_file = False
     if kind == "module":
         import runpy
-        sys.argv = ["-m", *argv[3:]]
+        sys.argv = ["-m", *words[1:]]
         if keep:
             sys.path[0] = os.getcwd()
         run = lambda: runpy._run_module_as_main(name)
@@ -88,7 +98,7 @@ def _ddpboot_rank():
                      __loader__=sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", full))
             run = lambda: exec(compile(source, full, "exec", dont_inherit=True), g)
     if head is not None:
-        sys.orig_argv = head + (["-m"] if kind == "module" else []) + argv[2:]
+        sys.orig_argv = head + argv[1:]
     def unset():
         if set_file:
             g.pop("__file__", None)
@@ -110,14 +120,16 @@ def _ddpboot_rank():
             unset()
         sys.excepthook = once
         raise
-_ddpboot_rank()
 '''
-"""The bootstrap (see the module's docstring). The launcher's variable names are spelled out: contract.STACKS_VAR,
-whose value contract.register_stacks parses the same way."""
+"""The bootstrap (see the module's docstring), without its call (rank_command adds it, with the target's kind). The
+launcher's variable names are spelled out: contract.STACKS_VAR, whose value contract.register_stacks parses the
+same way."""
 
 
-def rank_argv(python: str, kind: str, name: str, args: Sequence[str]) -> list[str]:
-    """A Python rank's command line: the bootstrap, then what it runs."""
+def rank_command(python: str, kind: str, name: str, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """A Python rank's command line (LAUNCH, then the words python would be given) and the variable that carries
+    the bootstrap, for its environment."""
     if kind not in KINDS:
         raise ValueError(f"not a Python target kind: {kind!r}")
-    return [python, "-u", "-c", CODE, kind, name, *args]
+    words = ["-m", name, *args] if kind == "module" else [name, *args]
+    return [python, "-u", "-c", LAUNCH, *words], {BOOTSTRAP_VAR: f"{CODE}_ddpboot_rank({kind!r})\n"}

@@ -10,7 +10,7 @@ nothing started):
 2. what SCRIPT is (`-m`, `--no-python`, `--run-path`) and options that contradict each other;
 3. the values that need nothing else: store backend, signals, durations, restarts, start method, rendezvous
    settings (`--rdzv-conf`, once), the preloads' syntax, the output options (-r/-t, which without --log-dir write
-   under the temporary log base, logs.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
+   under the temporary log base, rundir.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
    or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`,
    `--numa-binding` (as the request's CPU affinity, which it contradicts when given);
 4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
@@ -38,7 +38,6 @@ from pathlib import Path
 from ddpboot.contract import Isolation
 from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
-from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
     check_log_dir,
@@ -56,7 +55,9 @@ from ddpboot.launch.options import (
     resolve_std,
     target_kind,
 )
-from ddpboot.launch.preflight import check_python, check_rank_count, check_target, temp_dir_note
+from ddpboot.launch.paths import temp_dir_note
+from ddpboot.launch.preflight import check_python, check_rank_count, check_target
+from ddpboot.launch.rundir import temporary_log_base
 from ddpboot.launch.spec import (
     DEFAULT_PREFIX_TEMPLATE,
     LinePrefix,
@@ -276,14 +277,16 @@ def build_plan(
     max_restarts: int = 0,
     ranks_filter: str | None = None,
     from_env: Mapping[str, str] | None = None,
+    forked: bool = False,
 ) -> PlanConfig:
-    """Steps 4 and 6 of `build` (the module docstring): the node setup, the store's address, the request."""
+    """Steps 4 and 6 of `build` (the module docstring): the node setup, the store's address, the request.
+    `forked`: the ranks are forked by a fast-start or warm process (one more process of the user's)."""
     with _named_sources(from_env or {}, env):
         nodes = launcher_nodes(node_options, env, max_restarts, ranks_filter)
         address = store_address(nodes, node_options)
         request = parse_selection(selection, nodes.nnodes, nodes.node_rank)
         if isinstance(request.nproc, int):
-            check_rank_count(request.nproc, selection.oversubscribe)
+            check_rank_count(request.nproc, selection.oversubscribe, forked)
         return PlanConfig(env, nodes, address, request)
 
 
@@ -334,7 +337,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
         step = repr((o.script, o.args, o.selection, o.module, o.no_python))  # a pbsdsh step's command (its port)
         planned = build_plan(selection, replace(o.nodes, step=step), env, max_restarts=o.max_restarts,  # 4 and 6
-                             ranks_filter=o.ranks_filter, from_env=o.from_env)
+                             ranks_filter=o.ranks_filter, from_env=o.from_env, forked=o.fast_start or o.warm)
         nodes = planned.nodes
         allow = parse_store_allow(o.store_allow, nodes, backend)
         python = check_python(env)  # 5

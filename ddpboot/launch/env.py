@@ -23,7 +23,7 @@ from ddpboot.contract import (
     stacks_file,
     stacks_spec,
 )
-from ddpboot.launch.bootstrap import KINDS, rank_argv
+from ddpboot.launch.bootstrap import KINDS, rank_command
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
 
@@ -125,7 +125,7 @@ def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
 
 def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
     """One worker's command as torchrun runs it (`python -u SCRIPT ARGS`): what `--dry-run` and the failure report
-    show. A Python rank is started through the rank bootstrap instead (exec_argv), which runs exactly this."""
+    show. A Python rank is started through the rank bootstrap instead (exec_command), which runs exactly this."""
     args = substitute_local_rank(target.args, local_rank)
     if target.kind == "script":
         return [python, "-u", target.name, *args]
@@ -139,10 +139,12 @@ def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
 _SHOWN_PREFIX = {"script": 2, "module": 3, "run_path": 4}  # the words before NAME in worker_argv's command
 
 
-def exec_argv(kind: str, argv: Sequence[str]) -> list[str]:
-    """What is exec'd for a worker whose command (worker_argv) is `argv`: a Python target's runs through the rank
-    bootstrap (launch/bootstrap.py: faulthandler on the stacks signal, then the script as python runs it); a
-    `--no-python` program is exec'd as it is."""
+def exec_command(kind: str, argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """What is exec'd, with which environment, for a worker whose command (worker_argv) is `argv`: a Python
+    target's runs through the rank bootstrap (launch/bootstrap.py: faulthandler on the stacks signal, then the
+    script as python runs it; its command line names the script as `argv` does); a `--no-python` program is exec'd
+    as it is."""
     if kind not in KINDS:
-        return list(argv)
-    return rank_argv(argv[0], kind, argv[_SHOWN_PREFIX[kind]], argv[_SHOWN_PREFIX[kind] + 1:])
+        return list(argv), dict(env)
+    command, carrier = rank_command(argv[0], kind, argv[_SHOWN_PREFIX[kind]], argv[_SHOWN_PREFIX[kind] + 1:])
+    return command, {**env, **carrier}

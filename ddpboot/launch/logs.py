@@ -14,17 +14,13 @@ prefixes every traceback line so) has that replaced by the prefix, not doubled.
 Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
 are written unbuffered, so what a worker printed before dying is on disk even if the launcher is killed next.
 
-Who may read them (LogMode, `--log-mode`): by default only the job's owner. On a machine several people log into,
-a rank's output, its @record traceback and its exit mark can show data paths, hyperparameters or secrets. The run
-directory (--log-dir BASE/RUN_ID) and every attempt_N directory are made 0700 and the launcher's log files 0600;
-the files the ranks themselves write there (TORCHELASTIC_ERROR_FILE through torch's @record, and the exit mark
-beside it) get the ranks' umask, and the 0700 directories above them are what keeps other users out. BASE itself
-keeps its mode: it may be a directory the user shares on purpose (a team's log directory).
+What cannot be written never stops the job. A console whose reader left (`| head`: EPIPE) is dropped without a
+word; one that fails otherwise (`> /dev/full`, a full disk or quota under `> train.log`) is dropped with one
+`ddpboot:` line on the other console stream. A log file that cannot be written (its disk filled during the run)
+is said once per run, on the console, which keeps showing every line it shows; the files get what the ranks print
+again once there is room, and the lines that `-r` sends to the files only are lost meanwhile.
 
-Without --log-dir, -r/-t still write files, as torchrun's do (it writes them under a fresh `torchelastic_*` temporary
-directory and leaves it behind, unnamed): BASE is then the user's own `$TMPDIR/ddpboot-logs-UID` (temporary_log_base),
-kept after the run and named on the console like any run directory. It is made 0700 and must stay the user's and
-writable by no one else: a directory of that name that another user made first is refused, not written into.
+Where the files go (the run directory, who may read it, a disk with no room) is rundir.py's.
 """
 
 from __future__ import annotations
@@ -33,13 +29,10 @@ import contextlib
 import errno
 import json
 import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ddpboot.errors import UsageError
 from ddpboot.launch.bars import LiveRegion, Throttle, blank, progress_interval, terminal_of
 from ddpboot.launch.spec import LogMode, Std
 
@@ -47,8 +40,12 @@ MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
 TAIL_BYTES = 32 * 1024
 
 
-def write_all(fd: int, data: bytes) -> bool:
-    """Write everything (a console may take partial writes); False when the reader has gone (EPIPE)."""
+READER_GONE = (errno.EPIPE, errno.EBADF, errno.EIO)  # a console whose reader left: dropped without a word
+
+
+def write_all(fd: int, data: bytes) -> OSError | None:
+    """Write everything (a console may take partial writes); the error that stopped it (the reader has gone:
+    READER_GONE; a full disk: ENOSPC, EDQUOT, EFBIG), or None."""
     view = memoryview(data)
     while view:
         try:
@@ -61,11 +58,16 @@ def write_all(fd: int, data: bytes) -> bool:
             select.select([], [fd], [], 1.0)
             continue
         except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.EBADF, errno.EIO):
-                return False
-            raise
+            return exc
         view = view[n:]
-    return True
+    return None
+
+
+def why_not_written(exc: OSError) -> str:
+    """`No space left on device (the disk is full)`: the error, and what it means where that is not plain."""
+    full = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "your disk quota is used up",
+            errno.EFBIG: "the file is larger than the file size limit, ulimit -f"}.get(exc.errno or 0)
+    return f"{exc.strerror or exc}" + (f" ({full})" if full else "")
 
 
 class Console:
@@ -85,6 +87,7 @@ class Console:
         self.live = {std: term is not None and terms[std] == term for std in self.fds}
         self.region_fd = err_fd if self.live[Std.ERR] else out_fd
         self.region = LiveRegion(self._width)
+        self.log_trouble_said = False
 
     def _width(self) -> int:
         try:
@@ -95,8 +98,26 @@ class Console:
     def _raw(self, fd: int, data: bytes) -> None:
         if fd in self.gone or not data:
             return
-        if not write_all(fd, data):
-            self.gone.add(fd)  # `ddpboot ... | head`: keep running, keep the files, drop the console
+        failed = write_all(fd, data)
+        if failed is None:
+            return
+        self.gone.add(fd)  # `ddpboot ... | head`: keep running, keep the files, drop the console
+        other = next((f for f in self.fds.values() if f != fd and f not in self.gone), None)
+        if failed.errno not in READER_GONE and other is not None:
+            name = "stdout" if fd == self.fds[Std.OUT] else "stderr"
+            self.end_open_line()
+            self._raw(other, f"ddpboot: cannot write the job's {name}: {why_not_written(failed)}. The job goes on; "
+                      f"what its ranks print to {name} is dropped from here on (give --log-dir DIR on another disk "
+                      "to keep it in files).\n".encode())
+
+    def log_trouble(self, path: Path, exc: OSError) -> None:
+        """A log file could not be written (LogFile): said once per run; the job and the console go on."""
+        if self.log_trouble_said:
+            return
+        self.log_trouble_said = True
+        self.message(f"ddpboot: cannot write the log file {path}: {why_not_written(exc)}. The job goes on and the "
+                     "console shows every line it shows; the log files miss what the ranks print until there is "
+                     "room again (lines that -r sends to the files only are lost meanwhile). Free space there.")
 
     def _out(self, std: Std, data: bytes, leaves_open: bool = False) -> None:
         """Ordinary output: on the bars' terminal it goes above their region."""
@@ -162,15 +183,28 @@ class Console:
 
 
 class LogFile:
-    """One rank's file for one attempt: both streams, unbuffered."""
+    """One rank's file for one attempt: both streams, unbuffered. What cannot be written is told to `trouble`
+    (Console.log_trouble) and lost; later writes are tried again."""
 
-    def __init__(self, path: Path, mode: LogMode = LogMode.PRIVATE) -> None:
+    def __init__(self, path: Path, mode: LogMode = LogMode.PRIVATE,
+                 trouble: Callable[[Path, OSError], None] | None = None) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode.file_mode)
+        self.trouble = trouble
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode.file_mode)
+        except OSError as exc:
+            self.fd = -1
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.trouble is not None:
+            self.trouble(self.path, exc)
 
     def write(self, data: bytes) -> None:
         if self.fd >= 0:
-            write_all(self.fd, data)
+            failed = write_all(self.fd, data)
+            if failed is not None:
+                self._failed(failed)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -323,46 +357,3 @@ def read_error_file(path: str | Path) -> str | None:
         if isinstance(message, str):
             return message
     return None
-
-
-def temporary_log_base() -> Path:
-    """Where -r/-t write without --log-dir: the user's own directory in the temporary directory (module docstring)."""
-    return Path(tempfile.gettempdir()) / f"ddpboot-logs-{os.getuid()}"
-
-
-def _own_base(base: Path) -> None:
-    """The temporary log base exists as a real directory of this user's that no one else can write into."""
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(base, 0o700)
-        st = os.lstat(base)
-    except OSError as exc:
-        raise UsageError(f"-r/--redirects and -t/--tee without --log-dir write under {base}, which cannot be made "
-                         f"({exc.strerror}). Give --log-dir DIR.") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise UsageError(
-            f"-r/--redirects and -t/--tee without --log-dir write under {base}, but that is not a directory of yours "
-            "that only you can write (another user may have made it). Give --log-dir DIR, or remove it."
-        )
-
-
-def run_dir(base: Path, run_id: str, mode: LogMode = LogMode.PRIVATE) -> Path:
-    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten. BASE keeps the
-    mode it has (or gets the umask's when created); RUN_ID gets `mode`'s. The temporary log base (-r/-t without
-    --log-dir) is checked to be the user's own first."""
-    if base == temporary_log_base():
-        _own_base(base)
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        for n in range(10000):
-            path = base / (run_id if n == 0 else f"{run_id}.{n}")
-            try:
-                mode.make_dir(path)
-                return path
-            except FileExistsError:
-                continue
-    except OSError as exc:
-        raise UsageError(
-            f"--log-dir {base}: cannot create it ({exc.strerror}); give a directory you can write."
-        ) from None
-    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")

@@ -1,5 +1,5 @@
-"""Checks made before anything starts: the program exists and can run, and this machine can hold the job (rank
-count, open files, listen queue), and a note where the temporary directory is too deep for Python's unix sockets.
+"""Checks made before anything starts: the program exists and can run (paths.py says why a path cannot be used),
+and this machine can hold the job (rank count, processes, open files, listen queue).
 
 Each failure is a UsageError (exit 2, nothing started) naming what was asked, what exists and what to do. The
 module check finds the module the way `python -m` will, without importing it (importing a package's __init__ in
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.paths import why_unusable
 from ddpboot.launch.procs.spawn import shebang
 from ddpboot.launch.spec import Target
 
@@ -58,9 +59,11 @@ def _starts_elf(path: Path) -> bool:
 
 def _check_runnable(path: Path, what: str, todo: str) -> None:
     """A program exec can start: it exists, is a file with the x bit, and its #! interpreter exists."""
-    if not path.exists():
-        dangling = " (a symbolic link to a missing file)" if path.is_symlink() else ""
-        raise UsageError(f"{what}: {path} does not exist{dangling}. {todo}.")
+    problem = why_unusable(path)
+    if problem == "does not exist":
+        raise UsageError(f"{what}: {path} does not exist. {todo}.")
+    if problem is not None:
+        raise UsageError(f"{what}: {path} {problem}.")
     if path.is_dir():
         raise UsageError(f"{what}: {path} is a directory, not a program. {todo}.")
     if not os.access(path, os.X_OK):
@@ -93,11 +96,11 @@ def _check_script(name: str, cwd: Path, via: str) -> None:
                          "`ddpboot --nproc 2 train.py`; for a module use -m NAME.")
     path = Path(name) if os.path.isabs(name) else cwd / name
     what = f"the script {name!r}" + (f" ({via})" if via else "")
-    if not path.exists():
-        if path.is_symlink():
-            raise UsageError(f"{what} is a symbolic link to a missing file ({path} -> {os.readlink(path)}). Point "
-                             "it at the training script, or give the script's own path.")
+    problem = why_unusable(path)
+    if problem == "does not exist":
         raise UsageError(f"{what} does not exist (looked for {path}).{_nearby(path)} {_not_found_todo(name)}")
+    if problem is not None:
+        raise UsageError(f"{what} {problem}.")
     if path.is_dir():
         if not (path / "__main__.py").is_file():
             raise UsageError(f"{what} is a directory without __main__.py; give the script inside it.")
@@ -213,26 +216,34 @@ def _check_binary(name: str, env: Mapping[str, str], cwd: Path) -> str:
 
 
 RANKS_PER_CORE = 16  # beyond this, ranks mostly wait for a core: start-up alone takes minutes, collectives time out
-FDS_PER_RANK = 4  # the launcher's ends of each rank's stdout and stderr pipes, its log files, its process handle
-PROCS_PER_RANK = 1
+FDS_PER_RANK = 5
+"""Files the launcher holds per rank at most: the read ends of its stdout and stderr pipes (2), its log file with
+--log-dir or -t/-r (1), and, while a stack dump runs, the two pipes of its py-spy (2). Measured: 8 ranks with
+--log-dir, 32 files open in the launcher before a dump (8 of its own, 3 per rank)."""
+LAUNCHER_FILES = 24
+"""The launcher's own files: 8 measured (stdin, stdout, stderr, the signalfd, the epoll, the store's socket, the
+guardian's pipe, /dev/null), and 16 kept for what it opens besides: NVML's device files (one per GPU and 2), the
+fast-start process's socket, a file written or read a moment (status.json, a stacks file)."""
+STORE_FILES = 16  # the store server's own (10 measured: stdio, its listeners, epolls, the launcher's pipe)
 STORE_CONNECTIONS_PER_RANK = 2
 """Connections one rank holds to the job's store: 1 measured (the default process group's TCPStore client, gloo and
 NCCL alike; its PrefixStores share it), and 1 more for a group split off it (`split_group` clones the client)."""
-FILES_MARGIN = 64  # the process's own files: interpreter, stdio, the listener, epoll, netlink, logs
+LAUNCHER_PROCS = 1  # the guardian (the store, the orphan killer); one more forks the ranks with --fast-start, --warm
+CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24  # linux/capability.h
 
 
 def open_files_needed(local_ranks: int, served_ranks: int, nnodes: int = 1) -> int:
     """Files the most loaded of the launcher's processes holds open: the launcher itself (FDS_PER_RANK per local
     rank) or the store server (STORE_CONNECTIONS_PER_RANK per rank it serves, and one per node's check-in)."""
-    launcher = local_ranks * FDS_PER_RANK + FILES_MARGIN
-    store = served_ranks * STORE_CONNECTIONS_PER_RANK + nnodes + FILES_MARGIN if served_ranks else 0
+    launcher = local_ranks * FDS_PER_RANK + LAUNCHER_FILES
+    store = served_ranks * STORE_CONNECTIONS_PER_RANK + nnodes + STORE_FILES if served_ranks else 0
     return max(launcher, store)
 
 
 SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
 
 
-MAX_LISTENERS = 32  # 131,072 connections at the default cap; each costs one file (FILES_MARGIN)
+MAX_LISTENERS = 32  # 131,072 connections at the default cap; each costs one file (STORE_FILES)
 LISTEN_HEADROOM = 1.5
 """Listen-queue room per connection that may arrive at once: the kernel spreads a SO_REUSEPORT group's connections
 by a hash of their addresses, so one queue gets more than its share."""
@@ -272,20 +283,66 @@ def listen_queue(served_ranks: int, nnodes: int, backend: str = "python", somaxc
     ))
 
 
-def check_rank_count(ranks: int, oversubscribe: bool) -> None:
-    """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows, or (unless
-    `oversubscribe`) more than RANKS_PER_CORE ranks per usable core. The open-file limit is checked once the plan
-    says how many ranks this node runs and its store serves (ensure_open_files, before the store listens)."""
+def nproc_applies() -> bool:
+    """Whether the kernel holds this process to RLIMIT_NPROC: not for root (real uid 0), nor with CAP_SYS_ADMIN or
+    CAP_SYS_RESOURCE (kernel/fork.c)."""
+    if os.getuid() == 0:
+        return False
+    try:
+        status = Path("/proc/self/status").read_text()
+        caps = int(status.split("CapEff:", 1)[1].split()[0], 16)
+    except (OSError, IndexError, ValueError):
+        return True
+    return not caps & (1 << CAP_SYS_ADMIN | 1 << CAP_SYS_RESOURCE)
+
+
+def tasks_of(uid: int) -> int:
+    """The processes (threads, as the kernel counts them for RLIMIT_NPROC) that `uid` runs now, as /proc shows."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_text()
+            real = int(status.split("\nUid:", 1)[1].split()[0])
+            if real == uid:
+                count += int(status.split("\nThreads:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return count
+
+
+def _check_processes(ranks: int, forked: bool) -> None:
     import resource
 
+    limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if limit == resource.RLIM_INFINITY or not nproc_applies():
+        return
+    running = tasks_of(os.getuid())
+    own = LAUNCHER_PROCS + forked
+    needed = ranks + own
+    if running + needed <= limit:
+        return
+    fits = limit - running - own
+    fewer = f"Ask for at most {fits} rank{'s' if fits != 1 else ''}, or raise" if fits > 0 else "Raise"
+    helpers = "its guardian and the process that forks the ranks" if forked else "its guardian"
+    raise UsageError(
+        f"--nproc {ranks}: the job needs {needed} processes ({ranks} rank{'s' if ranks != 1 else ''} and {own} of "
+        f"the launcher's: {helpers}) besides the {running} you run now (each thread counts, this launcher "
+        f"included), but your process limit (ulimit -u, RLIMIT_NPROC) is {limit}. {fewer} the limit before "
+        f"starting ddpboot (`ulimit -u {running + needed + 16 * ranks}` leaves each rank room for 16 threads; torch "
+        "starts several)."
+    )
+
+
+def check_rank_count(ranks: int, oversubscribe: bool, forked: bool = False) -> None:
+    """Refuse a rank count this machine cannot run: more processes than RLIMIT_NPROC allows (the ranks, the
+    launcher's own, `forked`: one more that forks the ranks, and those the user runs already; only where the kernel
+    applies the limit), or (unless
+    `oversubscribe`) more than RANKS_PER_CORE ranks per usable core. The open-file limit is checked once the plan
+    says how many ranks this node runs and its store serves (ensure_open_files, before the store listens)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    nproc_limit = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if nproc_limit != resource.RLIM_INFINITY and ranks * PROCS_PER_RANK >= nproc_limit:
-        raise UsageError(
-            f"--nproc {ranks}: {ranks} ranks need {ranks * PROCS_PER_RANK} processes, but your process limit "
-            f"(ulimit -u, RLIMIT_NPROC) is {nproc_limit}, counting the ones you already run. Ask for fewer ranks, "
-            "or raise the limit (ulimit -u) before starting ddpboot."
-        )
+    _check_processes(ranks, forked)
     if not oversubscribe and ranks > RANKS_PER_CORE * cores:
         raise UsageError(
             f"--nproc {ranks}: {ranks} ranks on {cores} usable CPU core{'s' if cores != 1 else ''} is more than "
@@ -310,40 +367,18 @@ def ensure_open_files(local_ranks: int, served_ranks: int, nnodes: int = 1, appl
             resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
         return
     asked = f"--nproc {local_ranks}" + (f" on {nnodes} nodes" if nnodes > 1 else "")
-    if served_ranks and needed > local_ranks * FDS_PER_RANK + FILES_MARGIN:
+    if served_ranks and needed > local_ranks * FDS_PER_RANK + LAUNCHER_FILES:
         what = (f"this node's store serves all {served_ranks} ranks and needs about {needed} open files "
-                f"({STORE_CONNECTIONS_PER_RANK} connections per rank, 1 per node, {FILES_MARGIN} of its own)")
-        fits = f"at most {max((hard - FILES_MARGIN - nnodes) // STORE_CONNECTIONS_PER_RANK, 0)} ranks in all"
+                f"({STORE_CONNECTIONS_PER_RANK} connections per rank, 1 per node, {STORE_FILES} of its own)")
+        fits = f"at most {max((hard - STORE_FILES - nnodes) // STORE_CONNECTIONS_PER_RANK, 0)} ranks in all"
     else:
-        what = f"the launcher keeps about {FDS_PER_RANK} files open per rank, {needed} in all"
-        fits = f"at most {max((hard - FILES_MARGIN) // FDS_PER_RANK, 0)} ranks"
+        what = (f"the launcher needs up to {FDS_PER_RANK} open files per rank (its output pipes, its log file, "
+                f"py-spy's pipes during a stack dump) and {LAUNCHER_FILES} of its own (8 measured, the rest kept "
+                f"for NVML's device files and the files it opens a moment), {needed} in all")
+        fits = f"at most {max((hard - LAUNCHER_FILES) // FDS_PER_RANK, 0)} ranks"
     fewer = f"Ask for {fits}, or raise" if not fits.startswith("at most 0 ") else "Raise"
     raise UsageError(
         f"{asked}: {what}, but the open-file limit (ulimit -n, RLIMIT_NOFILE) is {soft} (hard limit {hard}). "
         f"{fewer} the hard limit to at least {needed}: `ulimit -Hn {needed}` as root before "
         f"starting ddpboot, LimitNOFILE={needed} in a systemd unit, or a `nofile` line in /etc/security/limits.conf."
     )
-
-
-AF_UNIX_PATH_MAX = 107  # bytes of a unix socket's path on Linux (sun_path is 108 with its terminating NUL)
-MP_SOCKET_DEPTH = len("/pymp-XXXXXXXX/listener-XXXXXXXX")  # where multiprocessing puts its sockets below the tmp dir
-
-
-def temp_dir_note(env: Mapping[str, str]) -> str | None:
-    """A note when the ranks' temporary directory (TMPDIR, TEMP or TMP, the first set, as tempfile reads them) is
-    too long for the sockets Python's multiprocessing makes below it: a DataLoader worker that passes a tensor back
-    (torch shares its storage through multiprocessing's resource sharer) or a multiprocessing Manager then fails
-    with `OSError: AF_UNIX path too long`, and the rank waits for its batch for good (measured: both ranks of a
-    job with a 99-byte TMPDIR hung in their first batch under ddpboot and under torchrun alike)."""
-    name = next((n for n in ("TMPDIR", "TEMP", "TMP") if env.get(n)), None)
-    if name is None or not env[name].startswith("/"):
-        return None
-    base = env[name].rstrip("/") or "/"
-    size = len(os.fsencode(base))
-    if size + MP_SOCKET_DEPTH <= AF_UNIX_PATH_MAX:
-        return None
-    return (f"{name}={base} is {size} bytes long: Python's multiprocessing puts its sockets "
-            f"{MP_SOCKET_DEPTH} bytes below it (pymp-*/listener-*), over the {AF_UNIX_PATH_MAX} bytes a unix "
-            "socket's path may have, so a DataLoader with workers or a multiprocessing Manager in a rank fails "
-            "with `AF_UNIX path too long` (a DataLoader then waits for its batch for good). Set TMPDIR to a "
-            f"directory of at most {AF_UNIX_PATH_MAX - MP_SOCKET_DEPTH} bytes, e.g. TMPDIR=/tmp")

@@ -14,21 +14,18 @@ import json
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig, PlanConfig
-from ddpboot.launch.logs import run_dir
 from ddpboot.launch.nodewatch import link_verdict, link_watch, node_link
 from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
+from ddpboot.launch.rundir import run_dir, temporary_run_dir, write_first
 from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec, RunDir, StoreBackend
-from ddpboot.launch.stacks.find import write_whole
 from ddpboot.nodes.binding import BINDING_NOTE, on_launcher_cpus
 from ddpboot.nodes.launcher import bind_node_store
 from ddpboot.nodes.static import NodeSetup, cluster_info
@@ -289,7 +286,9 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
             say(f"note: {note}")
         spec = replace(spec, store_allow=allow)
         where = _run_dir(config, spec, stack)
-        write_whole(where.path / PLAN_FILE, json.dumps(plan_json(plan), indent=2) + "\n")  # the plan this run got
+        write_first(where.path, where.temporary, PLAN_FILE, json.dumps(plan_json(plan), indent=2) + "\n")  # its plan
+        if not where.temporary:
+            say(f"logs in {where.path}")
         from ddpboot.launch.supervisor import Supervisor
 
         fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
@@ -318,9 +317,8 @@ def _run_dir(config: LaunchConfig, spec: LaunchSpec, stack: contextlib.ExitStack
     --log-mode says: it holds the error files, exit marks and stack dumps only)."""
     if spec.log_dir is not None:
         where = RunDir(run_dir(spec.log_dir, spec.run_id, spec.log_mode), False)
-        say(f"logs in {where.path}")
     else:
-        where = RunDir(Path(tempfile.mkdtemp(prefix="ddpboot-")), True)
+        where = RunDir(temporary_run_dir(), True)
         stack.callback(shutil.rmtree, where.path, True)
     return where
 

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from ddpboot.contract import RANK_STACKS_SIGNAL, STACKS_VAR, stacks_spec
-from ddpboot.launch.bootstrap import rank_argv
+from ddpboot.launch.bootstrap import rank_command
 from tests.support import SCRIPTS
 
 PROBE = SCRIPTS / "boot_probe.py"
 
 
-def run(argv: list[str], cwd: Path, stacks: Path, **extra: str) -> tuple[int, str, str]:
-    env = {**os.environ, STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks)), **extra}
+def run(argv: list[str], cwd: Path, stacks: Path, carrier: dict[str, str] | None = None,
+        **extra: str) -> tuple[int, str, str]:
+    env = {**os.environ, STACKS_VAR: stacks_spec(RANK_STACKS_SIGNAL, str(stacks)), **(carrier or {}), **extra}
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout, p.stderr
 
@@ -30,7 +31,14 @@ def both(kind: str, name: str, args: list[str], cwd: Path, tmp_path: Path,
          **extra: str) -> tuple[tuple[int, str, str], ...]:
     plain = [sys.executable, "-u", name, *args] if kind == "script" else [sys.executable, "-u", "-m", name, *args]
     return (run(plain, cwd, tmp_path / "plain.stacks", **extra),
-            run(rank_argv(sys.executable, kind, name, args), cwd, tmp_path / "boot.stacks", **extra))
+            run(*boot(kind, name, args, cwd, tmp_path / "boot.stacks"), **extra))
+
+
+def boot(kind: str, name: str, args: list[str], cwd: Path, stacks: Path
+         ) -> tuple[list[str], Path, Path, dict[str, str]]:
+    """run()'s arguments for `name` run through the rank bootstrap, as the launcher execs a rank."""
+    argv, carrier = rank_command(sys.executable, kind, name, args)
+    return argv, cwd, stacks, carrier
 
 
 CASES = {
@@ -90,7 +98,7 @@ def test_a_syntax_error_reads_as_under_plain_python(tmp_path: Path) -> None:
 
 
 def test_the_bootstrap_registers_faulthandler_on_the_stacks_signal(tmp_path: Path) -> None:
-    code, out, err = run(rank_argv(sys.executable, "script", str(PROBE), ["stacks"]), tmp_path, tmp_path / "s")
+    code, out, err = run(*boot("script", str(PROBE), ["stacks"], tmp_path, tmp_path / "s"))
     assert (code, out) == (0, "still running\n"), err
     text = (tmp_path / "s").read_text()
     assert text.startswith("Current thread 0x") and f'File "{PROBE}", line ' in text
@@ -100,6 +108,21 @@ def test_without_the_variable_the_bootstrap_registers_nothing(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k != STACKS_VAR}
     code = "import sys; print(int(open('/proc/self/status').read().split('SigCgt:')[1].split()[0], 16) >> %d & 1)"
     (tmp_path / "sig.py").write_text(code % (RANK_STACKS_SIGNAL - 1) + "\n")
-    p = subprocess.run(rank_argv(sys.executable, "script", "sig.py", []), cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=60)
+    argv, carrier = rank_command(sys.executable, "script", "sig.py", [])
+    p = subprocess.run(argv, cwd=tmp_path, env={**env, **carrier}, capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout) == (0, "0\n"), p.stderr
+
+
+def test_the_rank_shows_its_script_and_keeps_the_bootstrap_to_itself(tmp_path: Path) -> None:
+    """The command line (what ps, top and py-spy show) is short and names the script; the variable that carried the
+    bootstrap is gone from the script's environment and its children's, as under plain python."""
+    (tmp_path / "show.py").write_text(
+        "import os, subprocess, sys\n"
+        "print(open('/proc/self/cmdline', 'rb').read().hex())\n"
+        "print(os.environ.get('DDPBOOT_BOOTSTRAP'))\n"
+        "subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"DDPBOOT_BOOTSTRAP\"))'])\n")
+    code, out, err = run(*boot("script", "show.py", ["--lr", "3"], tmp_path, tmp_path / "s"))
+    cmdline, mine, child = out.splitlines()
+    shown = bytes.fromhex(cmdline)
+    assert code == 0 and (mine, child) == ("None", "None"), err
+    assert len(shown) <= 200 and shown.split(b"\0")[-4:] == [b"show.py", b"--lr", b"3", b""], shown

@@ -18,12 +18,13 @@ import pytest
 from tests.support import REPO, clean_env
 
 
-def quick_start() -> list[str]:
-    text = (REPO / "README.md").read_text()
+def quick_start(doc: str = "README.md", which: int = 0) -> list[str]:
+    """The commands of the `which`-th console block after the document's "Quick start" heading."""
+    text = (REPO / doc).read_text()
     section = text[text.index("## Quick start") :]
-    block = re.search(r"^```console\n(.*?)^```", section, re.S | re.M)
-    assert block, "the README's quick start has no console block"
-    return [line[2:] for line in block.group(1).splitlines() if line.startswith("$ ")]
+    blocks = re.findall(r"^```console\n(.*?)^```", section.split("\n## ", 1)[0], re.S | re.M)
+    assert len(blocks) > which, f"{doc}'s quick start has no console block {which}"
+    return [line[2:] for line in blocks[which].splitlines() if line.startswith("$ ")]
 
 
 def test_the_quick_start_is_a_few_commands() -> None:
@@ -43,3 +44,17 @@ def test_the_quick_start_runs_as_written(gpus: str) -> None:
         done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, f"{gpus} GPUs: {command}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_guides_quick_start_runs_first_on_a_machine_without_gpus() -> None:
+    """guide.md shows the --cpu form first: it runs without GPUs as written; the GPU form after it says so there
+    (one line, exit 2, naming --cpu), as the guide announces."""
+    env = clean_env(DDPBOOT_FAKE_GPUS="0", COLUMNS="100")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    first, then = quick_start("docs/guide.md", 0), quick_start("docs/guide.md", 1)
+    assert first and all("--cpu" in c.split() for c in first) and any("--exclude" in c for c in then)
+    for command, code in [*((c, 0) for c in first), *((c, 2) for c in then)]:
+        done = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == code, f"{command}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        if code == 2:
+            assert "this machine has no GPUs" in done.stderr and "--cpu" in done.stderr, done.stderr

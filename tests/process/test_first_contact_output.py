@@ -53,9 +53,34 @@ def test_the_help_fits_80_columns_with_the_first_options_first() -> None:
     code, out, _ = at_80("-h")
     assert code == 0 and not too_wide(out), too_wide(out)
     lines = out.splitlines()
-    for name in ("--nproc N|gpu|auto|cpu", "--gpus LIST", "--exclude LIST", "--cpu ", "--isolation rank|node"):
+    for name in ("--nproc N|gpu|auto|cpu", "--gpus LIST", "--exclude LIST", "--cpu ", "--log-dir DIR"):
         assert any(name in line for line in lines[:24]), (name, lines[:24])
     assert "…" not in out and "<bool>" not in out and "<list[str]>" not in out
+
+
+@pytest.mark.parametrize("tool", [None, "plan", "smoke"])
+def test_dash_h_fits_one_screen_and_dash_dash_help_has_every_option(tool: str | None) -> None:
+    """-h is the summary (at most 60 lines at 80 columns: the first options, the subcommands, where to read
+    more), --help the whole reference: every option the command declares, each default said once."""
+    from typer.main import get_command
+
+    from ddpboot.cli.run import run_app
+    from ddpboot.cli.tools import TOOLS, tools
+
+    command = get_command(run_app) if tool is None else get_command(tools).commands[tool]  # type: ignore[attr-defined]
+    first = [tool] if tool else []
+    _, brief, _ = at_80(*first, "-h")
+    code, full, _ = at_80(*first, "--help")
+    assert code == 0 and len(brief.splitlines()) <= 60 and not too_wide(brief), brief
+    assert f"ddpboot {tool + ' ' if tool else ''}--help` shows every option" in " ".join(brief.split()), brief
+    if tool is None:
+        assert all(f"ddpboot {name} " in brief and f"ddpboot {name} " in full for name in TOOLS), brief
+    options = [o for p in command.params if p.param_type_name == "option" and not p.hidden for o in p.opts
+               if "_" not in o]
+    missing = [o for o in options if o not in full]
+    assert not missing and len(full.splitlines()) > 60, missing
+    text = " ".join(full.split())
+    assert "Default warn. [default warn]" not in text and "Default 5. [default 5]" not in text
 
 
 def test_without_a_driver_the_reason_is_said_once() -> None:

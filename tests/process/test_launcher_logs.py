@@ -3,6 +3,7 @@ live progress bars, nothing left in the temp dir, and nothing lost from a rank t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -11,7 +12,10 @@ import signal
 import struct
 import subprocess
 import termios
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support import (
     BEHAVE,
@@ -283,3 +287,90 @@ def test_summary_falls_back_to_the_last_lines_of_stderr(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "last lines of its stderr:" in proc.stderr
     assert "  | KeyError: 'missing-column'" in proc.stderr
+
+
+# --- disks that fill -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount a real small filesystem (tmpfs with these options) for the test; unmounted after it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test mounts a small tmpfs")
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        disk = tmp_path / f"disk{len(mounted)}"
+        disk.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},mode=0755", "tmpfs", str(disk)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounted:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.fixture
+def small_disk(mount_tmpfs: Callable[[str], Path]) -> Path:
+    """256 KiB: room for a few thousand lines."""
+    return mount_tmpfs("size=256k")
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_a_log_dir_on_a_full_disk_is_refused_before_anything_is_made(small_disk: Path, tmp_path: Path) -> None:
+    fill(small_disk)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--log-dir", str(small_disk / "logs"), BEHAVE], launch_env(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"ddpboot: error: --log-dir {small_disk / 'logs'}: its disk is full"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    assert not list(out.glob("rank*.json")), "a rank started"
+
+
+def test_a_log_dir_that_cannot_take_the_plan_is_refused_and_its_run_directory_removed(
+        mount_tmpfs: Callable[[str], Path], tmp_path: Path) -> None:
+    """Room left, but no inode for a file after the run's directory (nr_inodes: the root and one more)."""
+    disk = mount_tmpfs("size=256k,nr_inodes=2")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--log-dir", str(disk), BEHAVE], launch_env(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("ddpboot: error: cannot write ")
+    assert "plan.json: No space left on device" in proc.stderr
+    assert not list(disk.iterdir()) and not list(out.glob("rank*.json"))
+
+
+def test_a_log_disk_that_fills_during_the_run_is_said_once_and_the_console_keeps_every_line(
+        small_disk: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_launcher(["--nproc", "2", "--log-dir", str(small_disk), BEHAVE, "--lines", "8000"], launch_env(out))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("ddpboot: cannot ")]
+    assert len(said) == 1 and said[0].startswith("ddpboot: cannot write the log file "), said
+    assert "No space left on device" in said[0]
+    assert parse_console(proc.stdout, "out") == {0: list(range(8000)), 1: list(range(8000))}
+    assert sum(p.stat().st_size for p in small_disk.rglob("rank*.log")) < 8000 * 2 * 20  # the files did miss lines
+
+
+def test_stdout_on_a_full_disk_is_said_once_and_the_job_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([*ddpboot_exe(), "--nproc", "2", BEHAVE, "--lines", "300"], env=launch_env(out),
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("ddpboot: cannot ")]
+    assert len(said) == 1 and said[0].startswith("ddpboot: cannot write the job's stdout: No space left on device")
+    assert parse_console(proc.stderr, "err") == {0: list(range(0, 300, 2)), 1: list(range(0, 300, 2))}

@@ -98,6 +98,12 @@ def test_top_json_shows_each_rank_and_the_gpu_watchs_warning(tmp_path: Path) -> 
         assert snap["ranks"][0]["gpus"][0]["used_memory"] == 700 * MIB
         [warning] = snap["warnings"]
         assert f"pid {os.getpid()} " in warning and "is not this job's and uses 300 MiB on GPU 0" in warning
+        # into a pipe (`ddpboot top RUN | cat`, `watch`): the table once, while the job runs, and exit 0
+        piped = run_ddpboot("top", str(proc.pid), "--interval", "0.2", env={**env, "COLUMNS": "100"}, timeout=60)
+        assert piped.returncode == 0 and piped.stdout.startswith(f"run {status['run_id']} · launcher pid {proc.pid}")
+        rows = [line.split("│") for line in piped.stdout.splitlines() if "│" in line]
+        assert [(r[0].strip(), r[2].strip()) for r in rows] == [("0", str(pids[0])), ("1", str(pids[1]))], piped
+        assert "is not this job's" in piped.stdout and "q or Ctrl-C" not in piped.stdout
     finally:
         (tmp_path / "all").touch()
     code, _, err = finish(proc, TIMEOUT)

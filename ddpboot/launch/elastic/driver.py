@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ddpboot.launch.elastic.client import AgentError, RdzvAgent, Stopped, signal_reader
 from ddpboot.launch.elastic.rounds import Round, round_plan
-from ddpboot.launch.logs import Console, run_dir
+from ddpboot.launch.logs import Console
 from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
+from ddpboot.launch.rundir import run_dir
 from ddpboot.launch.spec import EndJob, LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT

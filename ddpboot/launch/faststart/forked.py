@@ -84,6 +84,23 @@ def _prefer_nodes(nodes: list[int]) -> None:
     raise OSError(ctypes.get_errno(), "set_mempolicy failed")
 
 
+def _show_command(req: dict[str, Any]) -> None:
+    """The rank's command line as ps, top and py-spy show it: `python -u SCRIPT ARGS` (`-m MODULE` for a module),
+    written over the zygote's own in this process's memory (as setproctitle does: words joined by spaces, cut to
+    the room the zygote's command line had). Without it every rank would show the zygote's command line."""
+    words = [getattr(sys, "orig_argv", [sys.executable])[0], "-u", *(["-m"] if req["kind"] == "module" else []),
+             req["name"], *req["args"]]
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end (proc(5): fields 48 and 49)
+        title = " ".join(words).encode(errors="replace")[: end - start - 2]
+        # A last byte that is not NUL tells the kernel to show the command line up to its first NUL, the title's.
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(title + b"\0" * (end - start - len(title) - 1) + b" ")
+
+
 def _max_fd() -> int:
     try:
         return int(os.sysconf("SC_OPEN_MAX"))
@@ -205,6 +222,7 @@ def run_rank(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, keep_cl
         os.environ.clear()
         os.environ.update(req["env"])
         _register_stacks(req["env"].get(STACKS_VAR, ""))
+        _show_command(req)
         torch = sys.modules.get("torch")
         threads = req["env"].get("OMP_NUM_THREADS", "")
         if torch is not None and threads.isdigit() and int(threads) > 0:

@@ -73,6 +73,8 @@ def exec_failure_hint(program: str, errno_: int) -> str:
             return f": its #! line names {words[0]}, which does not exist"
     if errno_ == errno.ENOEXEC:
         return ": not a binary the kernel can run (a script needs a #! line)"
+    if errno_ == errno.EAGAIN:
+        return ": your process limit (ulimit -u) is reached, counting every process and thread of yours"
     if errno_ == errno.ELOOP:
         return ": its #! interpreters name each other too deeply (the kernel follows 4)"
     return ""
@@ -115,7 +117,12 @@ def spawn(
     parent = os.getpid()
     err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
     env_b = {k.encode(): v.encode() for k, v in env.items()}
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN: the process limit (ulimit -u) is reached
+        os.close(err_r)
+        os.close(err_w)
+        raise SpawnError(argv[0], exc.errno or 0, f"fork failed: {exc.strerror}") from None
     if pid == 0:  # pragma: no cover - runs in the child, observed through the worker's behaviour
         setup = _ChildSetup(argv, env_b, stdout, stderr, cpus, death_signal, pass_fd, parent, mem_nodes, reset_signals)
         _child(setup, err_r, err_w)

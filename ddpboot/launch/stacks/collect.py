@@ -80,15 +80,20 @@ def collect(targets: Sequence[RankTarget], env: Mapping[str, str], native: bool 
 
 def _py_spy(exe: str, targets: Sequence[RankTarget], native: bool) -> tuple[dict[int, RankStack], dict[int, str]]:
     procs = {}
-    for t in targets:
-        cmd = [exe, "dump", "--full-filenames", "--pid", str(t.pid), *(["--native"] if native else [])]
-        procs[t.pid] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        stdin=subprocess.DEVNULL)
     got: dict[int, RankStack] = {}
     problems: dict[int, str] = {}
+    for t in targets:
+        cmd = [exe, "dump", "--full-filenames", "--pid", str(t.pid), *(["--native"] if native else [])]
+        try:
+            procs[t.pid] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                            stdin=subprocess.DEVNULL)
+        except OSError as exc:  # out of processes (ulimit -u) or files: the rank's faulthandler may still answer
+            problems[t.pid] = f"py-spy could not be started: {exc.strerror or exc}"
     deadline = time.monotonic() + PYSPY_TIMEOUT
     for t in targets:
-        p = procs[t.pid]
+        p = procs.get(t.pid)
+        if p is None:
+            continue
         try:
             out, err = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:

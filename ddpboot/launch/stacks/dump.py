@@ -22,7 +22,7 @@ from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
 from ddpboot.launch.stacks.find import write_whole
 from ddpboot.launch.stacks.flight import Flight, merge, read_dir
 from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
-from ddpboot.launch.stacks.summary import classify, main_frames, parse
+from ddpboot.launch.stacks.summary import classify, main_frames, parse, without_launch_frames
 from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
 
 VERDICT_PREFIX = "ddpboot: verdict: "
@@ -66,7 +66,7 @@ class Dump:
         for s in self.stacks:
             t = s.target
             lines.append(f"--- rank {t.rank} ({t.gpus}, pid {t.pid}, {s.backend or 'no stack'}) ---")
-            body = s.text.rstrip("\n") if s.text else f"(no stack: {s.problem})"
+            body = without_launch_frames(s.text).rstrip("\n") if s.text else f"(no stack: {s.problem})"
             lines += [f"[rank{t.rank}]: {ln}" for ln in body.splitlines()]
         n = len(self.stacks)
         lines.append(VERDICT_PREFIX + self.verdict().text)
@@ -151,8 +151,10 @@ def next_paths(run_dir: Path) -> tuple[Path, Path]:
     return run_dir / f"stacks-{n}.txt", run_dir / f"stacks-{n}.json"
 
 
-def write(dump: Dump, run_dir: Path, say: Callable[[str], None]) -> Path | None:
-    """Print the dump and write its files; the text file's path (None when the directory cannot be written)."""
+def write(dump: Dump, run_dir: Path, say: Callable[[str], None], kept: bool = True) -> Path | None:
+    """Print the dump and write its files; the text file's path (None when the directory cannot be written).
+    `kept`: the run directory stays after the run (--log-dir); a temporary one goes when the launcher exits, and
+    the line that names the file says so."""
     text_path, json_path = next_paths(run_dir)
     text = dump.text()
     try:
@@ -163,5 +165,6 @@ def write(dump: Dump, run_dir: Path, say: Callable[[str], None]) -> Path | None:
         say(text)
         return None
     head, _, rest = text.partition("\n")
-    say(f"{head}\nddpboot: stacks in {text_path}\n{rest}")
+    until = "" if kept else " until ddpboot exits (its temporary run directory goes then; --log-dir DIR keeps it)"
+    say(f"{head}\nddpboot: stacks in {text_path}{until}\n{rest}")
     return text_path

@@ -97,6 +97,46 @@ def parse(text: str) -> list[Thread]:
     return threads
 
 
+_LAUNCH_FUNCTIONS = frozenset({"<module>", "<lambda>", "_ddpboot_rank", "_ddpboot_rank.<locals>.<lambda>"})
+_LAUNCH_FILES = ("/launch/faststart/zygote.py", "/launch/faststart/warmserver.py")
+
+
+def _is_launch_frame(frame: Frame) -> bool:
+    """A frame of what started the script: the rank bootstrap (`<string>`, launch/bootstrap.py) or the fast-start
+    and warm processes that forked the rank."""
+    if frame.file == "<string>":
+        return frame.function in _LAUNCH_FUNCTIONS
+    return frame.file.endswith(_LAUNCH_FILES)
+
+
+def without_launch_frames(text: str) -> str:
+    """The stack text without the frames below the script's that ddpboot's start of the rank adds: in each thread,
+    from the outermost frame in, the bootstrap's or the fast-start process's frames and the runpy frames between
+    them, up to the innermost such frame of ddpboot's (runpy's frames above it are python's own under `-m`). A rank's
+    stack then reads as under plain python; a thread with nothing else keeps its frames."""
+    lines = text.splitlines()
+    drop: set[int] = set()
+    frames: list[tuple[int, Frame]] = []  # the current thread's frames, innermost first, with their lines
+    for i, line in enumerate([*lines, ""]):
+        if _PYSPY_THREAD.match(line) or _FH_THREAD.match(line) or not line.strip():
+            drop.update(_launch_tail(frames))
+            frames = []
+            continue
+        m = _FH_FRAME.match(line) or _PYSPY_FRAME.match(line)
+        if m is not None:
+            frames.append((i, Frame(m.group(3), m.group(1)) if m.re is _FH_FRAME else Frame(m.group(1), m.group(2))))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _launch_tail(frames: list[tuple[int, Frame]]) -> list[int]:
+    """The lines of the frames without_launch_frames drops from one thread."""
+    k = len(frames)
+    while k > 0 and (_is_launch_frame(frames[k - 1][1]) or "runpy" in frames[k - 1][1].file):
+        k -= 1
+    inner = next((j for j in range(k, len(frames)) if _is_launch_frame(frames[j][1])), None)
+    return [i for i, _ in frames[inner:]] if inner else []
+
+
 def main_frames(threads: list[Thread]) -> tuple[Frame, ...]:
     """The main thread's frames (every thread's when none is known to be the main one)."""
     main = [t for t in threads if t.main] or threads

@@ -154,15 +154,22 @@ def _verdict(waiting: list[tuple[Wait, list[int]]], elsewhere: list[tuple[Wait, 
         return Verdict(f"{_wait_clause(waiting)}; {_elsewhere_clause(elsewhere)}, not in a collective: "
                        f"look at {ranks_text(odd)}", tuple(odd))
     if elsewhere:
-        return _outside(elsewhere, here, world_size)
+        return _outside(elsewhere, left, here, world_size)
     return _among(waiting, here, world_size)
 
 
-def _outside(elsewhere: list[tuple[Wait, list[int]]], here: int, world_size: int | None) -> Verdict:
-    """No rank waits in torch.distributed."""
-    if world_size is not None and here < world_size:
-        return Verdict(f"no rank of this node waits in torch.distributed: {_elsewhere_clause(elsewhere)} "
-                       f"({_others(world_size - here)} on other nodes)", ())
+def _outside(elsewhere: list[tuple[Wait, list[int]]], left: Sequence[Left], here: int,
+             world_size: int | None) -> Verdict:
+    """No rank waits in torch.distributed; the ranks that exited are named, and count as ranks of the job that are
+    accounted for (not as ranks on other nodes)."""
+    known = here + len(left)
+    if world_size is not None and known < world_size:
+        exited = f"{_left_clause(left)}; " if left else ""
+        return Verdict(f"no rank of this node waits in torch.distributed: {exited}{_elsewhere_clause(elsewhere)} "
+                       f"({_others(world_size - known)} on other nodes)", ())
+    if left:
+        return Verdict(f"{_left_clause(left)}; {_elsewhere_clause(elsewhere)}, none in torch.distributed: not a "
+                       "hang between ranks", ())
     if len(elsewhere) == 1:
         return Verdict(f"all ranks are in {place(elsewhere[0][0])}, none in torch.distributed: not a hang between "
                        "ranks (a slow or stuck step of the script)", ())

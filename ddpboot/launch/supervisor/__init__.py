@@ -269,7 +269,7 @@ class Supervisor:
                                               f"{self.spec.run_id}/attempt{attempt}")
             if problem:
                 self.console.message(f"ddpboot: {problem}")
-        stack_dump.write(dump, self.workdir, self.console.message)
+        stack_dump.write(dump, self.workdir, self.console.message, kept=not self.temporary)
 
     def _snapshot(self) -> Hashable | None:
         return stack_dump.fingerprint(stack_dump.take(self._targets(), "snapshot", self.setup.base_env))

@@ -13,7 +13,7 @@ import selectors
 from collections.abc import Sequence
 from typing import Protocol
 
-from ddpboot.launch.env import exec_argv
+from ddpboot.launch.env import exec_command
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.logs import Console
 from ddpboot.launch.procs.spawn import spawn
@@ -47,15 +47,17 @@ class Starter(Protocol):
 
 class ExecStarter:
     """fork + exec of each worker's own command line (ddpboot/launch/procs/spawn.py); a Python target's through the
-    rank bootstrap (launch/env.py exec_argv). Each starts with the forwarded `signals` at their default disposition."""
+    rank bootstrap (launch/env.py exec_command). Each starts with the forwarded `signals` at their default
+    disposition."""
 
     def __init__(self, kind: str = "binary", signals: Sequence[int] = ()) -> None:
         self.kind = kind  # the target's kind (launch/spec.py Target)
         self.signals = tuple(signals)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        return spawn(exec_argv(self.kind, worker.argv), worker.env, stdout, stderr, cpus=worker.slot.cpus,
-                     mem_nodes=worker.slot.mem_nodes, reset_signals=self.signals)
+        argv, env = exec_command(self.kind, worker.argv, worker.env)
+        return spawn(argv, env, stdout, stderr, cpus=worker.slot.cpus, mem_nodes=worker.slot.mem_nodes,
+                     reset_signals=self.signals)
 
     def exits(self) -> list[tuple[int, int]]:
         return []

@@ -130,7 +130,7 @@ def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_d
     error_file = attempt_dir / f"rank{slot.rank}.error.json"
     log = None
     if setup.with_files and (routing.to_file(slot.local_rank, Std.OUT) or routing.to_file(slot.local_rank, Std.ERR)):
-        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.spec.log_mode)
+        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.spec.log_mode, setup.console.log_trouble)
 
     def stream(which: Std) -> RankStream:
         return RankStream(

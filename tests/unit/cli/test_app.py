@@ -48,12 +48,12 @@ def test_the_help_lists_the_tools_and_puts_gpu_selection_first(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run_main(["-h"], capsys)
+    code, out, _ = run_main(["--help"], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert all(f"`ddpboot {tool}`" in out for tool in ("plan", "gpus", "smoke"))
+    assert all(f"│ ddpboot {tool} " in out for tool in ("plan", "gpus", "smoke", "stacks", "top", "warm"))
     panels = _panels(out)
-    assert panels[:2] == ["GPU selection", "Arguments"] and panels[-1] == "Options"
+    assert panels[:2] == ["GPU selection", "Arguments"] and panels[-2:] == ["Options", "Commands"]
     assert {"More GPU selection", "Job", "Multi-node", "Supervision", "Logs", "torchrun compatibility"} <= set(panels)
     first = {name: next(i for i, line in enumerate(lines) if f"│ {name} " in line)
              for name in ("--nproc", "--gpus", "--exclude", "--cpu", "--isolation")}
@@ -71,7 +71,7 @@ def test_the_help_fits_80_columns_and_cuts_no_name(
     from ddpboot.cli.tools import tools
 
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run_main([*command, "-h"], capsys)
+    code, out, _ = run_main([*command, "--help"], capsys)
     assert code == 0
     assert all(len(line) <= 80 for line in out.splitlines())
     assert "…" not in out and not any(t in out for t in ("<bool>", "<str>", "<int>", "<list[str]>", "<float>"))
@@ -88,7 +88,7 @@ def test_aliases_and_defaults_are_in_the_text(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    _, out, _ = run_main(["-h"], capsys)
+    _, out, _ = run_main(["--help"], capsys)
     text = " ".join(out.replace("│", " ").split())
     nproc = text[text.index("--nproc N|gpu|auto|cpu") : text.index("--gpus LIST")]
     assert nproc.endswith("[also --nproc-per-node; env PET_NPROC_PER_NODE] ") and "--nproc_per_node" not in nproc

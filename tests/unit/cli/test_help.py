@@ -73,3 +73,22 @@ def test_a_long_name_takes_a_line_of_its_own(
     assert text.startswith("│ " + " " * cli_help.NAME_WIDTH)
     assert any(line.startswith("│ --short") and "Beside." in line for line in lines)
     assert all(len(line) <= 60 for line in lines)
+
+
+@pytest.mark.parametrize("name", sorted(cli_help.BRIEF))
+def test_the_summary_names_options_of_its_command_in_one_line_each(name: str) -> None:
+    """-h's options exist on their command, and each text fits beside its name at 80 columns (the panel's
+    borders and padding take 4, the gap 2)."""
+    command, ctx = command_and_context(None if name == "ddpboot" else name)
+    params = {p.name for p in command.get_params(ctx)}
+    chosen = cli_help.BRIEF[name]
+    assert set(chosen) <= params and "help" in chosen
+    assert all(len(text) <= 80 - 4 - 2 - cli_help.NAME_WIDTH for text in chosen.values())
+    assert cli_help.brief_rows(command, ctx, chosen)[0][0].startswith("--nproc")
+
+
+def test_a_default_the_text_says_is_not_repeated() -> None:
+    command, ctx = command_and_context()
+    assert cli_help.describe(param(command, "gpu_watch"), ctx).endswith("Default warn.")
+    assert cli_help.describe(param(command, "gpu_watch_interval"), ctx).endswith("Default 5.")
+    assert "[default 1]" in cli_help.describe(param(command, "gpus_per_proc"), ctx)

@@ -10,7 +10,6 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.config import NodeOptions, OutputConfig, RunOptions, SelectionOptions, build
-from ddpboot.launch.logs import temporary_log_base
 from ddpboot.launch.options import (
     REFUSED_TORCHRUN_OPTIONS,
     check_preloads,
@@ -19,6 +18,7 @@ from ddpboot.launch.options import (
     refuse_torchrun_options,
     target_kind,
 )
+from ddpboot.launch.rundir import temporary_log_base
 from ddpboot.launch.spec import Std
 from ddpboot.selection.affinity import NumaPolicy
 from ddpboot.selection.inventory import fake_inventory

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.launch.bootstrap import CODE, rank_argv
+from ddpboot.launch.bootstrap import BOOTSTRAP_VAR, CODE, LAUNCH, rank_command
 from ddpboot.launch.env import (
     RUN_PATH_CODE,
     EnvContext,
-    exec_argv,
+    exec_command,
     substitute_local_rank,
     worker_argv,
     worker_vars,
@@ -116,17 +116,28 @@ def test_a_python_rank_is_execd_through_the_bootstrap_with_its_own_words(kind: s
     py = "/opt/py/bin/python3"
     target = Target(kind, "t.py" if kind != "module" else "pkg.t", ("-m", "-u", "${local_rank}", "-c"))  # type: ignore[arg-type]
     shown = worker_argv(target, py, 3)
-    got = exec_argv(kind, shown)
+    got, env = exec_command(kind, shown, {"HOME": "/h"})
     if kind == "binary":
-        assert got == shown == ["t.py", "-m", "-u", "3", "-c"]
+        assert got == shown == ["t.py", "-m", "-u", "3", "-c"] and env == {"HOME": "/h"}
         return
-    assert got == rank_argv(py, kind, target.name, ["-m", "-u", "3", "-c"])
-    assert got[:4] == [py, "-u", "-c", CODE] and got[4:6] == [kind, target.name]
+    assert (got, env) == (rank_command(py, kind, target.name, ["-m", "-u", "3", "-c"])[0],
+                          {"HOME": "/h", **rank_command(py, kind, target.name, [])[1]})
+    words = ["-m", "pkg.t"] if kind == "module" else ["t.py"]
+    assert got == [py, "-u", "-c", LAUNCH, *words, "-m", "-u", "3", "-c"]  # the words python would be given
+    assert env[BOOTSTRAP_VAR] == f"{CODE}_ddpboot_rank({kind!r})\n"
+
+
+def test_a_ranks_command_line_is_short_and_names_the_script() -> None:
+    """ps, top and py-spy show a rank by its command line: the script's name comes within its first 100
+    characters, whatever the bootstrap holds."""
+    argv, _ = rank_command("/usr/bin/python3", "script", "train.py", ["--lr", "3"])
+    line = " ".join(argv)
+    assert len(line) < 100 and line.endswith(" train.py --lr 3"), line
 
 
 def test_the_bootstrap_takes_only_python_kinds() -> None:
     with pytest.raises(ValueError, match="binary"):
-        rank_argv("python", "binary", "x", [])
+        rank_command("python", "binary", "x", [])
 
 
 @given(st.lists(st.text(max_size=20), max_size=5), st.integers(0, 1000))

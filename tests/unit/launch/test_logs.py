@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import stat
-import tempfile
 import tty
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch import logs
-from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file, run_dir, temporary_log_base
+from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
 from ddpboot.launch.spec import LinePrefix, LogMode, Routing, Std, parse_log_mode
 from tests.support import render_terminal
 
@@ -208,6 +206,47 @@ def test_files_get_the_bytes_unchanged(tmp_path: Path) -> None:
 
 
 
+def test_a_full_disk_under_stdout_is_said_once_on_stderr_and_the_job_goes_on() -> None:
+    """`ddpboot ... > /dev/full`: the console's stdout fails with ENOSPC (a real /dev/full); one line on stderr,
+    stdout dropped from then on, stderr still shown. A reader that left (`| head`) is dropped without a word."""
+    full = os.open("/dev/full", os.O_WRONLY)
+    err_r, err_w = os.pipe()
+    console = Console(full, err_w, Clock(), {})
+    out = RankStream(0, Std.OUT, console, None)
+    err = RankStream(0, Std.ERR, console, None)
+    for _ in range(3):
+        out.feed(b"a line\n")
+    err.feed(b"still shown\n")
+    os.close(full)
+    os.close(err_w)
+    said = os.read(err_r, 65536).decode()
+    os.close(err_r)
+    lines = said.splitlines()
+    assert lines[0].startswith("ddpboot: cannot write the job's stdout: No space left on device (the disk is full). "
+                               "The job goes on") and lines[1:] == ["[rank0]: still shown"], said
+    gone_r, gone_w = os.pipe()
+    os.close(gone_r)
+    cap = Capture()
+    quiet = Console(gone_w, cap.w[1], Clock(), {})
+    quiet.message("to nobody", Std.OUT)
+    os.close(gone_w)
+    assert cap.read() == (b"", b"")
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once_and_the_console_keeps_every_line() -> None:
+    cap = Capture()
+    log = LogFile(Path("/dev/full"), trouble=cap.console.log_trouble)  # every write: ENOSPC
+    streams = [RankStream(r, Std.OUT, cap.console, log) for r in (0, 1)]
+    for n in range(5):
+        for s in streams:
+            s.feed(f"line {n}\n".encode())
+    log.close()
+    out, err = cap.read()
+    assert out.decode().splitlines() == [f"[rank{r}]: line {n}" for n in range(5) for r in (0, 1)]
+    assert err.decode().count("ddpboot: cannot write the log file /dev/full: No space left on device") == 1, err
+    assert LogFile(Path("/nonexistent/rank0.log"), trouble=cap.console.log_trouble).fd == -1  # not made: said
+
+
 def test_launcher_messages_end_an_open_rank_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logs, "MAX_PENDING", 8)
     cap = Capture()
@@ -229,47 +268,6 @@ def test_the_recorded_traceback_is_read_from_the_error_file(tmp_path: Path) -> N
     assert read_error_file(path) == "only the message"
     path.write_text("not json")
     assert read_error_file(path) is None
-
-
-def test_run_dirs_are_never_reused(tmp_path: Path) -> None:
-    first = run_dir(tmp_path / "logs", "job")
-    second = run_dir(tmp_path / "logs", "job")
-    assert first.name == "job" and second.name == "job.1" and first.is_dir() and second.is_dir()
-
-
-def test_an_unwritable_log_dir_is_a_usage_error(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(UsageError, match="cannot create it"):
-        run_dir(blocker / "logs", "job")
-
-
-def test_a_private_run_dir_is_the_owners_only_and_its_base_keeps_its_mode(tmp_path: Path) -> None:
-    base = tmp_path / "team-logs"
-    base.mkdir(mode=0o775)
-    os.chmod(base, 0o775)
-    path = run_dir(base, "job")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o700
-    assert stat.S_IMODE(base.stat().st_mode) == 0o775
-    attempt = path / "attempt_0"
-    LogMode.PRIVATE.make_dir(attempt, exist_ok=True)
-    LogMode.PRIVATE.make_dir(attempt, exist_ok=True)  # the next attempt of an elastic round may find it
-    assert stat.S_IMODE(attempt.stat().st_mode) == 0o700
-    log = LogFile(attempt / "rank0.log")
-    log.close()
-    assert stat.S_IMODE((attempt / "rank0.log").stat().st_mode) == 0o600
-
-
-def test_a_shared_run_dir_follows_the_umask(tmp_path: Path) -> None:
-    old = os.umask(0o022)
-    try:
-        path = run_dir(tmp_path / "logs", "job", LogMode.SHARED)
-        log = LogFile(path / "rank0.log", LogMode.SHARED)
-        log.close()
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o755
-    assert stat.S_IMODE((path / "rank0.log").stat().st_mode) == 0o644
 
 
 def test_log_modes_are_parsed_by_name() -> None:
@@ -314,19 +312,3 @@ def test_the_line_prefix_template_fills_every_field() -> None:
     assert prefix.render(13, 5, 1) == b"gpu07 n1 trainer5 r13 $ "
     assert Routing(prefix=prefix).line_prefix(2, 2, 0) == b"gpu07 n0 trainer2 r2 $ "
     assert Routing().line_prefix(9, 1, 1) == b"[rank9]: " and Routing(prefix=None).line_prefix(9, 1, 1) == b""
-
-
-def test_the_temporary_log_base_is_the_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    base = temporary_log_base()
-    assert base == tmp_path / f"ddpboot-logs-{os.getuid()}"
-    first = run_dir(base, "job")
-    assert first == base / "job" and stat.S_IMODE(base.stat().st_mode) == 0o700
-    os.chmod(base, 0o777)  # writable by others: someone could swap the run's directories
-    with pytest.raises(UsageError, match="not a directory of yours that only you can write"):
-        run_dir(base, "job")
-    os.chmod(base, 0o700)
-    base.rename(tmp_path / "elsewhere")
-    base.symlink_to(tmp_path / "elsewhere")  # a link is refused whatever it points to
-    with pytest.raises(UsageError, match="Give --log-dir DIR, or remove it"):
-        run_dir(base, "job")

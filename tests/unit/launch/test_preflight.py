@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import (
-    AF_UNIX_PATH_MAX,
     FDS_PER_RANK,
-    FILES_MARGIN,
+    LAUNCHER_FILES,
     MAX_LISTENERS,
-    MP_SOCKET_DEPTH,
     RANKS_PER_CORE,
     STORE_CONNECTIONS_PER_RANK,
+    STORE_FILES,
     ListenQueue,
     check_python,
     check_rank_count,
@@ -24,10 +24,12 @@ from ddpboot.launch.preflight import (
     ensure_open_files,
     is_module_name,
     listen_queue,
+    nproc_applies,
     open_files_needed,
-    temp_dir_note,
+    tasks_of,
 )
 from ddpboot.launch.spec import Target
+from tests.support import as_uid
 
 PY = sys.executable
 
@@ -151,24 +153,55 @@ def test_rank_counts_that_cannot_work_are_refused_with_the_numbers() -> None:
     check_rank_count(RANKS_PER_CORE * cores + 1, oversubscribe=True)
 
 
-def test_the_process_and_file_limits_hold_even_oversubscribed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_file_limit_holds_even_oversubscribed(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    limits = {resource.RLIMIT_NPROC: (500, 500), resource.RLIMIT_NOFILE: (1024, 1024)}
+    limits = {resource.RLIMIT_NPROC: (resource.RLIM_INFINITY, resource.RLIM_INFINITY),
+              resource.RLIMIT_NOFILE: (1024, 1024)}
     monkeypatch.setattr(resource, "getrlimit", lambda which: limits[which])
-    with pytest.raises(UsageError, match=r"--nproc 500: .*process limit \(ulimit -u, RLIMIT_NPROC\) is 500"):
-        check_rank_count(500, oversubscribe=True)
-    with pytest.raises(UsageError, match=r"RLIMIT_NOFILE\) is 1024 \(hard limit 1024\). Ask for at most 240 ranks"):
-        ensure_open_files(300, 300)
+    check_rank_count(500, oversubscribe=True)
+    with pytest.raises(UsageError, match=r"RLIMIT_NOFILE\) is 1024 \(hard limit 1024\). Ask for at most 200 ranks"):
+        ensure_open_files(300, 300)  # 300 × 5 + 24 = 1524 in the launcher
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a child drops to uid 65534, where the limit applies")
+def test_the_process_limit_counts_the_launchers_own_and_what_the_user_runs() -> None:
+    """As an ordinary user (uid 65534, a real RLIMIT_NPROC of 3 in a forked child) 2 ranks and the launcher's
+    guardian fit beside the child itself only when the limit holds 4; as root the kernel applies no limit and none
+    is refused."""
+    import resource
+
+    def as_nobody() -> list[str]:
+        resource.setrlimit(resource.RLIMIT_NPROC, (3, 3))
+        said = [str(nproc_applies()), str(tasks_of(os.getuid()))]
+        try:
+            check_rank_count(2, oversubscribe=True)
+        except UsageError as exc:
+            said.append(str(exc))
+        return said
+
+    applies, running, message = as_uid(65534, as_nobody)
+    assert applies == "True" and int(running) >= 1, (applies, running, message)
+    assert message.startswith("--nproc 2: the job needs 3 processes (2 ranks and 1 of the launcher's: its "
+                              "guardian)") and (
+        f"besides the {running} you run now" in message and "(ulimit -u, RLIMIT_NPROC) is 3" in message)
+    assert not nproc_applies() and tasks_of(os.getuid()) >= threading.active_count()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (5, hard))
+    try:
+        check_rank_count(8, oversubscribe=True)  # root: the kernel would start them all
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
 
 
 def test_open_files_needed_counts_the_launcher_or_the_store_whichever_holds_more() -> None:
     # one node: the launcher's pipes and logs per local rank outweigh the store's connections
-    assert open_files_needed(8, 8) == 8 * FDS_PER_RANK + FILES_MARGIN
+    assert open_files_needed(8, 8) == 8 * FDS_PER_RANK + LAUNCHER_FILES == 64  # 8 ranks fit `ulimit -n 64`
+    assert open_files_needed(1, 1) == 29
     # node 0 of 1,024 nodes × 8 ranks: the store holds 2 connections per rank of the job and one per node
-    assert open_files_needed(8, 8192, 1024) == 8192 * STORE_CONNECTIONS_PER_RANK + 1024 + FILES_MARGIN == 17472
+    assert open_files_needed(8, 8192, 1024) == 8192 * STORE_CONNECTIONS_PER_RANK + 1024 + STORE_FILES == 17424
     # a node that does not serve the store counts only its own ranks
-    assert open_files_needed(8, 0, 1024) == 8 * FDS_PER_RANK + FILES_MARGIN
+    assert open_files_needed(8, 0, 1024) == 8 * FDS_PER_RANK + LAUNCHER_FILES
 
 
 def _limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int) -> list[tuple[int, int]]:
@@ -189,10 +222,10 @@ def _limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int) -> list[tuple
 
 def test_a_low_soft_open_file_limit_is_raised_to_the_hard_limit_silently(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _limits(monkeypatch, 1024, 65536)
-    ensure_open_files(8, 8192, 1024)  # needs 17,472
+    ensure_open_files(8, 8192, 1024)  # needs 17,424
     assert calls == [(65536, 65536)]
     calls = _limits(monkeypatch, 1024, 65536)
-    ensure_open_files(8, 0, 1024)  # needs 96: nothing to do
+    ensure_open_files(8, 0, 1024)  # needs 64: nothing to do
     assert calls == []
 
 
@@ -204,10 +237,10 @@ def test_a_hard_open_file_limit_below_the_stores_need_is_refused_with_what_to_ra
         ensure_open_files(8, 8192, 1024)
     message = str(caught.value)
     assert message.startswith("--nproc 8 on 1024 nodes: this node's store serves all 8192 ranks and needs about "
-                              "17472 open files")
+                              "17424 open files")
     assert "is 1024 (hard limit 4096)" in message
-    assert "Ask for at most 1504 ranks in all" in message  # (4096 - 64 - 1024) // 2
-    for remedy in ("ulimit -Hn 17472", "LimitNOFILE=17472", "/etc/security/limits.conf"):
+    assert "Ask for at most 1528 ranks in all" in message  # (4096 - 16 - 1024) // 2
+    for remedy in ("ulimit -Hn 17424", "LimitNOFILE=17424", "/etc/security/limits.conf"):
         assert remedy in message
     assert calls == []
 
@@ -236,14 +269,3 @@ def test_a_listen_queue_that_cannot_hold_the_burst_names_the_sysctl_to_raise(tmp
     assert huge.sockets == MAX_LISTENERS and huge.note is not None
     assert f"its {MAX_LISTENERS} listening sockets" in huge.note
     assert f"sysctl -w net.core.somaxconn={-(-int(200_001 * 1.5) // MAX_LISTENERS)}" in huge.note
-
-
-def test_the_temporary_directory_is_measured_as_multiprocessing_uses_it() -> None:
-    """multiprocessing's listener lies MP_SOCKET_DEPTH bytes below the first of TMPDIR, TEMP, TMP that is set."""
-    limit = "/" + "t" * (AF_UNIX_PATH_MAX - MP_SOCKET_DEPTH - 1)  # a socket path of exactly AF_UNIX_PATH_MAX
-    assert temp_dir_note({"TMPDIR": limit}) is None and temp_dir_note({"TMPDIR": limit + "/"}) is None
-    assert temp_dir_note({"TMPDIR": limit + "x"}) is not None
-    assert temp_dir_note({"TMPDIR": "/tmp", "TEMP": limit + "x"}) is None  # tempfile takes TMPDIR first
-    assert (temp_dir_note({"TEMP": limit + "x"}) or "").startswith("TEMP=")
-    assert temp_dir_note({}) is None and temp_dir_note({"TMPDIR": "relative/" + "x" * 200}) is None
-    assert temp_dir_note({"TMPDIR": "/" + "é" * 38}) is not None  # bytes, not characters: 77 bytes

@@ -3,7 +3,7 @@ torch 2.13)."""
 
 from __future__ import annotations
 
-from ddpboot.launch.stacks.summary import describe, parse
+from ddpboot.launch.stacks.summary import describe, parse, without_launch_frames
 from tests.unit.launch.stacks.samples import (
     FAULTHANDLER_DESTROY,
     FAULTHANDLER_ITEM,
@@ -69,3 +69,34 @@ def test_a_cpu_ranks_item_is_not_a_wait_for_the_gpu() -> None:
 def test_no_frames() -> None:
     assert describe(parse("")) == "no Python frames"
     assert describe(parse("Thread 5 (idle): \"MainThread\"\n")) == "no Python frames"
+
+
+BOOTSTRAPPED = """Process 7: /venv/bin/python -u -c exec(__import__("os").environ.pop("DDPBOOT_BOOTSTRAP")) -m job
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 7 (idle): "MainThread"
+    <module> (<string>:3)
+    sleep_elsewhere (/jobs/job.py:6)
+    <module> (/jobs/job.py:9)
+    _run_code (<frozen runpy>:88)
+    _run_module_as_main (<frozen runpy>:198)
+    _ddpboot_rank.<locals>.<lambda> (<string>:30)
+    _ddpboot_rank (<string>:71)
+    <module> (<string>:87)
+    <module> (<string>:1)
+Thread 9 (idle): "worker"
+    wait (/usr/lib/python3.11/threading.py:320)
+"""
+
+
+def test_the_frames_that_started_the_rank_are_left_out_of_its_stack() -> None:
+    """Below the script: the bootstrap's frames go, python's own runpy frames of -m stay; a `<string>` frame of the
+    script's own (an exec) above them stays too; the fast-start process's frames go."""
+    shown = without_launch_frames(BOOTSTRAPPED)
+    assert "_ddpboot_rank" not in shown and "(<string>:1)" not in shown and "(<string>:87)" not in shown
+    assert "    <module> (<string>:3)\n" in shown and "_run_module_as_main (<frozen runpy>:198)\n" in shown
+    assert shown.endswith('Thread 9 (idle): "worker"\n    wait (/usr/lib/python3.11/threading.py:320)')
+    assert "zygote.py" not in without_launch_frames(FAULTHANDLER_RECV)
+    assert 'line 50 in <module>' in without_launch_frames(FAULTHANDLER_RECV)
+    alone = "Thread 3 (idle)\n    <module> (<string>:1)"
+    assert without_launch_frames(alone) == alone  # nothing else to show: kept

@@ -102,6 +102,17 @@ def test_ranks_that_left_while_others_wait_in_a_collective() -> None:
     assert judge([Seen(0, LOADING)], [Left(1, 0, "09:00:05", 3.0)]).look_at == ()
 
 
+def test_a_rank_that_exited_is_one_of_the_job_not_one_on_another_node() -> None:
+    """A one-node job of 2 ranks, rank 1 exited 4 and rank 0 (which ignores SIGTERM) is in a sleep: the verdict
+    names both and says nothing of other nodes."""
+    v = judge([Seen(0, LOADING)], [Left(1, 4, "09:00:05", 3.0)], world_size=2)
+    assert v.text == ("rank 1 exited 4 at 09:00:05; rank 0 is in data.py:40 (in load), none in torch.distributed: "
+                      "not a hang between ranks") and v.look_at == ()
+    part = judge([Seen(0, LOADING)], [Left(1, 4, "09:00:05", 3.0)], world_size=4)
+    assert part.text.endswith("rank 1 exited 4 at 09:00:05; rank 0 is in data.py:40 (in load) (the other 2 ranks "
+                              "run on other nodes)"), part.text
+
+
 def test_every_rank_in_the_same_collective() -> None:
     v = judge(seen(ALL_REDUCE, ALL_REDUCE, ALL_REDUCE, ALL_REDUCE), world_size=4)
     assert v.text == ("all 4 ranks wait in all_reduce at train.py:88, none elsewhere: likely a network or peer-node "

@@ -1,0 +1,116 @@
+"""The run directory, where a run's files go: BASE/RUN_ID with --log-dir (BASE's disk checked for room before
+anything is made there), or a fresh temporary directory; and its first file, plan.json, written before anything
+starts.
+
+Who may read them (LogMode, `--log-mode`): by default only the job's owner. On a machine several people log into,
+a rank's output, its @record traceback and its exit mark can show data paths, hyperparameters or secrets. The run
+directory (--log-dir BASE/RUN_ID) and every attempt_N directory are made 0700 and the launcher's log files 0600;
+the files the ranks themselves write there (TORCHELASTIC_ERROR_FILE through torch's @record, and the exit mark
+beside it) get the ranks' umask, and the 0700 directories above them are what keeps other users out. BASE itself
+keeps its mode: it may be a directory the user shares on purpose (a team's log directory).
+
+Without --log-dir, -r/-t still write files, as torchrun's do (it writes them under a fresh `torchelastic_*` temporary
+directory and leaves it behind, unnamed): BASE is then the user's own `$TMPDIR/ddpboot-logs-UID` (temporary_log_base),
+kept after the run and named on the console like any run directory. It is made 0700 and must stay the user's and
+writable by no one else: a directory of that name that another user made first is refused, not written into.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from ddpboot.errors import UsageError
+from ddpboot.launch.logs import why_not_written
+from ddpboot.launch.spec import LogMode
+
+
+def temporary_log_base() -> Path:
+    """Where -r/-t write without --log-dir: the user's own directory in the temporary directory (module docstring)."""
+    return Path(tempfile.gettempdir()) / f"ddpboot-logs-{os.getuid()}"
+
+
+def _own_base(base: Path) -> None:
+    """The temporary log base exists as a real directory of this user's that no one else can write into."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(base, 0o700)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise UsageError(f"-r/--redirects and -t/--tee without --log-dir write under {base}, which cannot be made "
+                         f"({exc.strerror}). Give --log-dir DIR.") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UsageError(
+            f"-r/--redirects and -t/--tee without --log-dir write under {base}, but that is not a directory of yours "
+            "that only you can write (another user may have made it). Give --log-dir DIR, or remove it."
+        )
+
+
+MIN_FREE = 64 * 1024  # bytes: a log disk with less free is full already (the first lines would not fit)
+
+
+def _check_room(base: Path) -> None:
+    """Refuse a --log-dir on a full disk before anything is made there: the free space of the nearest directory that
+    exists (what root may use, reserved blocks included, for root)."""
+    existing = next((p for p in [base, *base.parents] if p.is_dir()), None)
+    if existing is None:
+        return
+    try:
+        st = os.statvfs(existing)
+    except OSError:
+        return
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if free < MIN_FREE:
+        raise UsageError(f"--log-dir {base}: its disk is full ({free // 1024} KiB free at {existing}). Free space "
+                         "there, or give --log-dir a directory on another disk.")
+
+
+def temporary_run_dir() -> Path:
+    """The run directory without --log-dir: a fresh 0700 directory in the temporary directory, removed at the end by
+    the runner."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="ddpboot-"))
+    except OSError as exc:
+        raise UsageError(f"cannot make the run's directory in the temporary directory {tempfile.gettempdir()}: "
+                         f"{why_not_written(exc)}. Free space there, or set TMPDIR to a directory with room.") from None
+
+
+def write_first(where: Path, temporary: bool, name: str, text: str) -> None:
+    """The run directory's first file (plan.json), written before anything starts: a directory that cannot take it
+    (a full disk) is an error now, and the directory made for it is removed, rather than a job that fails later."""
+    from ddpboot.launch.stacks.find import write_whole
+
+    try:
+        write_whole(where / name, text)
+    except OSError as exc:
+        shutil.rmtree(where, ignore_errors=True)
+        what = "set TMPDIR to a directory with room" if temporary else "give --log-dir a directory on another disk"
+        raise UsageError(f"cannot write {where / name}: {why_not_written(exc)}. Nothing was started. Free space "
+                         f"there, or {what}.") from None
+
+
+def run_dir(base: Path, run_id: str, mode: LogMode = LogMode.PRIVATE) -> Path:
+    """BASE/RUN_ID, or BASE/RUN_ID.N when an earlier run used that id: logs are never overwritten. BASE keeps the
+    mode it has (or gets the umask's when created); RUN_ID gets `mode`'s. The temporary log base (-r/-t without
+    --log-dir) is checked to be the user's own first."""
+    if base == temporary_log_base():
+        _own_base(base)
+    _check_room(base)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        for n in range(10000):
+            path = base / (run_id if n == 0 else f"{run_id}.{n}")
+            try:
+                mode.make_dir(path)
+                return path
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise UsageError(
+            f"--log-dir {base}: cannot create it ({exc.strerror}); give a directory you can write."
+        ) from None
+    raise UsageError(f"--log-dir {base}: {run_id} and 9999 numbered variants exist; choose another --rdzv-id.")
