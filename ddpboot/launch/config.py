@@ -57,6 +57,7 @@ from ddpboot.launch.options import (
 )
 from ddpboot.launch.paths import temp_dir_note
 from ddpboot.launch.preflight import check_python, check_rank_count, check_target
+from ddpboot.launch.procs.signals import keep_nohup
 from ddpboot.launch.rundir import temporary_log_base
 from ddpboot.launch.spec import (
     DEFAULT_PREFIX_TEMPLATE,
@@ -315,6 +316,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             raise UsageError("--virtual-local-rank (LOCAL_RANK=0, one GPU per worker) contradicts --isolation node.")
         backend = parse_store_backend(o.store)  # 3
         signals = parse_signals(o.signals_to_handle)
+        if o.signals_to_handle == DEFAULT_SIGNALS:  # a list the user gave is taken as given
+            signals = keep_nohup(signals)
         shutdown = parse_duration(DEFAULT_SHUTDOWN_TIMEOUT if o.shutdown_timeout is None else o.shutdown_timeout,
                                   "--shutdown-timeout")
         monitor = parse_duration(o.monitor_interval, "--monitor-interval", allow_zero=False)

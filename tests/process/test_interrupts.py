@@ -14,6 +14,7 @@ or well below what the old behaviour took (3 s of waiting for stack files after 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import signal
@@ -163,3 +164,33 @@ def test_a_stop_signal_during_the_grace_of_what_the_ranks_left_cuts_it_short(tmp
     for path in out.glob("daemon*.pid"):
         pid, start = path.read_text().split()
         assert not is_process(int(pid), int(start)), f"daemon {pid} outlived the job"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hangup_leaves_a_nohup_job_running(mode: str, tmp_path: Path, warm_dir: Path) -> None:
+    """`nohup ddpboot ... &`: the shell's hangup (SIGHUP to the job's process group) neither stops the job nor
+    reaches the ranks, which start with SIGHUP ignored as under `nohup python`; the job ends on its own, exit 0.
+    The SIGUSR1 sent after the hangup is forwarded once it is read, so its arrival at the ranks says the launcher
+    has had the hangup too."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(out, DDPBOOT_WARM_DIR=str(warm_dir))
+    proc = subprocess.Popen(["nohup", *ddpboot_exe(), "--cpu", "--nproc", "2", *MODES[mode], BEHAVE,
+                             "--count", "USR1", "--hold", "*"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: all((out / f"ready{r}").exists() for r in (0, 1)), 60, "both ranks ready")
+        for rank in reports(out).values():
+            assert signal.SIGHUP in sig_ignored(rank["pid"]), rank
+        os.killpg(proc.pid, signal.SIGHUP)
+        os.killpg(proc.pid, signal.SIGUSR1)
+        wait_for(lambda: all(r["received"].get("SIGUSR1") for r in reports(out).values()), 60,
+                 "the ranks to get the SIGUSR1 sent after the hangup")
+        (out / "release").touch()
+        code, _, err = finish(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, err
+    assert "SIGHUP" not in err, err
+    assert not any(r["received"].get("SIGHUP") for r in reports(out).values())

@@ -21,7 +21,8 @@ workers directly but is not slurmstepd is not recognised; add its command name t
 another PID namespace (a container boundary) shows as pid 0, like the kernel, and is treated as one that does not
 signal the workers.
 
-SIGINT, SIGTERM, SIGHUP and SIGQUIT also stop the job (the workers get `--shutdown-timeout` to exit, then SIGKILL);
+SIGINT, SIGTERM, SIGHUP and SIGQUIT also stop the job (the workers get `--shutdown-timeout` to exit, then SIGKILL;
+SIGHUP only when the launcher did not start with it ignored, as under `nohup`: keep_nohup);
 a second SIGINT while stopping means "now": every worker group and what the ranks left running get SIGKILL at once,
 with no stack dump and no grace. SIGUSR1 (Lightning's SLURM requeue) and any other handled signal are
 only forwarded. STACKS_SIGNAL (SIGUSR2) is the launcher's own: it dumps every rank's stack and is not forwarded,
@@ -101,6 +102,16 @@ class SignalFd:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def keep_nohup(signals: tuple[signal.Signals, ...]) -> tuple[signal.Signals, ...]:
+    """`signals` without SIGHUP when this process started with SIGHUP ignored (`nohup`, or a shell's `trap '' HUP`):
+    that says "outlive the terminal", so a hangup neither stops the job nor reaches the ranks, which inherit the
+    ignore as they would under `nohup python train.py`. SIGINT is not treated so: a shell starts every background
+    job with SIGINT ignored without anyone asking for it."""
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        return tuple(s for s in signals if s != signal.SIGHUP)
+    return signals
 
 
 def sender_name(pid: int) -> str | None:

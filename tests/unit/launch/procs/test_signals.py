@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import signal
 
-from ddpboot.launch.procs.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo, sender_name, signal_label
+from ddpboot.launch.procs.signals import (
+    REPEAT_WINDOW,
+    ForwardPolicy,
+    SignalInfo,
+    keep_nohup,
+    sender_name,
+    signal_label,
+)
 
 
 def test_policy_forwards_once_and_trusts_slurm() -> None:
@@ -46,3 +53,14 @@ def test_labels_and_senders() -> None:
     assert signal_label(200) == "200"
     assert sender_name(0) is None
     assert sender_name(-1) is None
+
+
+def test_a_launcher_started_under_nohup_keeps_hangups_away_from_the_job() -> None:
+    default = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert keep_nohup(default) == (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert keep_nohup(default) == default
+    finally:
+        signal.signal(signal.SIGHUP, before)
