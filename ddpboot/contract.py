@@ -75,6 +75,12 @@ STOP_SIGNALS: frozenset[signal.Signals] = frozenset(
     {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 )
 """Signals that stop a job when the launcher receives them (and are forwarded to the workers first)."""
+HELPER_IGNORED_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2
+)
+"""Ignored by the launcher's own helper processes (the guardian, the node link): a scheduler that signals every
+process of a job step (slurmstepd: the time limit's SIGTERM, `--signal=USR1@90`) reaches them too, and what a signal
+means for the job is the launcher's to decide; they end when the launcher tells them or dies."""
 STACKS_SIGNAL: signal.Signals = signal.SIGUSR2
 """Sent to the launcher, it dumps every rank's current Python stack (into the log and the run directory) and the
 job goes on; it is not forwarded to the ranks unless the signals option lists it. The dump ends with a line that

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddpboot.contract import HELPER_IGNORED_SIGNALS
 from ddpboot.nodes.check import PREFIX as CHECK_PREFIX
 from ddpboot.nodes.outcome import (
     ENDED,
@@ -243,8 +244,9 @@ class Link:
 
 
 def main() -> int:
+    for sig in HELPER_IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the launcher blocks its signals for its signalfd
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def emit(msg: dict[str, Any]) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -272,6 +272,27 @@ def test_a_frozen_node_is_lost(tmp_path: Path) -> None:
     assert c1 == 1, e1
 
 
+def test_signals_to_every_process_of_a_step_leave_the_node_links_alone(tmp_path: Path) -> None:
+    """A scheduler that signals every process of a step (slurmstepd's `--signal=USR1@90`, the time limit's SIGTERM)
+    reaches the node links too: they ignore what the launcher decides on, so the job goes on and succeeds (a link
+    killed by SIGUSR1 used to end the job on both nodes)."""
+    procs, _ = start_nodes(tmp_path, sleep="6")
+    try:
+        for rank in (0, 1):
+            rank_pid(tmp_path, rank, procs)
+        links = [c for p in procs for c in psutil.Process(p.pid).children()
+                 if "ddpboot.nodes.link" in " ".join(c.cmdline())]
+        assert len(links) == 2, [p.pid for p in procs]
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM, signal.SIGINT):
+            for link in links:
+                os.kill(link.pid, sig)
+        results = [finish(p, 120) for p in procs]
+    finally:
+        stop(procs)
+    for code, out, err in results:
+        assert code == 0 and "failed" not in err, out + err
+
+
 def test_a_job_that_succeeds_on_every_node_exits_0_on_every_node(tmp_path: Path) -> None:
     """The node links say nothing when the job succeeds, whichever node ends first: node 0 keeps its store up
     until node 1 has ended (its rank sleeps 2 s more)."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpboot.contract import HELPER_IGNORED_SIGNALS
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.groups import NotOurGroup, signal_group
 from ddpboot.launch.procs.procstat import group_still_ours
@@ -44,7 +45,6 @@ from ddpboot.tcpstore.allow import AllowList
 from ddpboot.tcpstore.server import StoreServer
 
 PR_SET_NAME = 15
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class GuardianError(RuntimeError):
@@ -258,7 +258,7 @@ def _kill_marked(run_dir: Path, rounds: int = 5) -> None:
 def _main(
     ctl: socket.socket, listener: socket.socket, choice: StoreChoice, tempdir: Path | None, run_dir: Path | None
 ) -> int:
-    for sig in _IGNORED:
+    for sig in HELPER_IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     with contextlib.suppress(Exception):
