@@ -120,7 +120,8 @@ def failure_report(results: list[RankResult], code: int, launcher_output: str, t
     return "\n".join(parts)
 
 
-_HARNESS = ("/ddpboot/launch/faststart/zygote.py\"", "<frozen runpy>", "File \"<string>\"")
+_HARNESS = ("/ddpboot/launch/pymain.py\"", "/ddpboot/launch/faststart/forked.py\"",
+            "/ddpboot/launch/faststart/zygote.py\"", "<frozen runpy>", "File \"<string>\"")
 
 
 def _test_frames(stacks: str) -> str:

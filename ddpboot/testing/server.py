@@ -28,6 +28,7 @@ from ddpboot.launch import runner
 from ddpboot.launch.config import RunOptions, SelectionOptions, build
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.procs.spawn import PR_SET_PDEATHSIG, become_subreaper, prctl
+from ddpboot.launch.pymain import TargetKind
 from ddpboot.launch.spec import Target
 from ddpboot.testing.job import LAUNCHER_LOG, PRELOAD_VAR
 
@@ -36,7 +37,7 @@ SHUTDOWN_TIMEOUT = 5.0  # seconds a stopped rank gets before SIGKILL
 
 
 def rank_target(results: str) -> Target:
-    return Target("module", RANK_MODULE, (results,))
+    return Target(TargetKind.MODULE, RANK_MODULE, (results,))
 
 
 def run_job(zygote: FastStartProcess, nproc: int, gpu: bool, results: str, wait: float) -> int:

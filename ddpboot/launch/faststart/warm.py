@@ -4,12 +4,12 @@ is zygote.py's warm mode: the first warm launch starts it, detached; each later 
 gets a session, a fork of it that takes the launch's cwd, umask, limits, priority, CPUs, environment and stdio and
 then serves this launch exactly as a fast-start process does (`WarmSession` is a `FastStartProcess`).
 
-Nothing stale: the warm process is keyed (`warm_key`) by the interpreter (its path and file), zygote.py itself, the
-uid, groups, namespaces and cgroup, the preloads, and the environment variables read while Python starts and torch
-is imported (`IMPORT_VARS`) as the user set them (not the OMP_NUM_THREADS ddpboot sets per rank: each rank applies
-its own, zygote.py); it also stamps every file it imported and the site directories they came from. A launch whose
-key differs, or that finds a stamp changed, is answered "stale": that warm process exits (launches it serves go on)
-and this launch starts a fresh one.
+Nothing stale: the warm process is keyed (`warm_key`) by the interpreter (its path and file), the files it runs
+(`RUNS`), the uid, groups, namespaces and cgroup, the preloads, and the environment variables read while Python
+starts and torch is imported (`IMPORT_VARS`) as the user set them (not the OMP_NUM_THREADS ddpboot sets per rank:
+each rank applies its own, zygote.py); it also stamps every file it imported and the site directories they came
+from. A launch whose key differs, or that finds a stamp changed, is answered "stale": that warm process exits
+(launches it serves go on) and this launch starts a fresh one.
 
 Security: the socket lives in a 0700 directory of the user's (`$XDG_RUNTIME_DIR/ddpboot`, else `/tmp/ddpboot-UID`;
 `DDPBOOT_WARM_DIR` overrides), is 0600, and each side checks the other's uid (SO_PEERCRED).
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpboot.launch import pymain
 from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0
 from ddpboot.launch.faststart.warmstart import SERVER, Lock, WarmError, start
 from ddpboot.launch.faststart.zygote import MAX_MSG
@@ -47,6 +48,8 @@ DEFAULT_IDLE = 15 * 60.0  # --warm-idle
 IMPORT_PREFIXES = ("PYTHON", "LD_", "LC_", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
 IMPORT_VARS = ("LANG", "LANGUAGE", "TZ", "HOME", "VIRTUAL_ENV", "CONDA_PREFIX")
 NOT_IMPORT = ("TORCHELASTIC_",)  # the launcher's own per-job variables, read by no import
+# The files the warm process runs (their contents are in its key): a new ddpboot starts a fresh one.
+RUNS = (SERVER, ZYGOTE, FORKED, Path(pymain.__file__))
 
 
 def warm_dir(env: Mapping[str, str]) -> Path:
@@ -122,7 +125,7 @@ def warm_key(python: str, env: Mapping[str, str], preloads: Sequence[str], path0
     real = os.path.realpath(python)
     return {
         "interpreter": [python, real, _file_id(real)],  # a venv's python is a link: its path names the venv
-        "ddpboot": hashlib.sha256(ZYGOTE.read_bytes() + FORKED.read_bytes() + SERVER.read_bytes()).hexdigest(),
+        "ddpboot": hashlib.sha256(b"".join(f.read_bytes() for f in RUNS)).hexdigest(),
         "user": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "namespaces": _namespaces(),
         "cgroup": _cgroup(),

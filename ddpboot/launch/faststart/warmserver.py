@@ -68,7 +68,7 @@ def _imported_files(path0: str) -> dict[str, list[int] | None]:
     directory that modules came from, with their .pth files; not the script's own directory (its files change all
     the time; only --preload modules come from it, and their files are stamped)."""
     files = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
-    dirs = sorted({p for p in sys.path[1:] if p and p != path0 and os.path.isdir(p)}, key=len, reverse=True)
+    dirs = sorted({p for p in sys.path if p and p != path0 and os.path.isdir(p)}, key=len, reverse=True)
     used = {d for d in dirs if os.path.basename(d.rstrip(os.sep)) in ("site-packages", "dist-packages")}
     for f in files:
         for d in dirs:
@@ -90,9 +90,8 @@ def _changed(files: dict[str, list[int] | None]) -> str | None:
 
 def _warm_main(conf: dict[str, Any]) -> None:
     ready = socket.socket(fileno=z.CTL_FD)
-    sys.argv = [sys.argv[0]]
     path0 = conf["path0"]
-    sys.path[0] = path0
+    z.start(path0)
     z._ignore_signals()
     t0 = time.monotonic()
     torch_version = z._import_preloads(ready, list(conf["preload"]))

@@ -16,12 +16,14 @@ a `kill -9` of the launcher leaves nothing of the ranks behind, whatever their e
 
 Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
   zygote → launcher  {"op": "ready", "pid", "import_s", "threads", "modules", "torch"} or {"op": "error", "error"}
-  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "mems", "path0"} with the rank's
-                     stdout and stderr pipe ends as SCM_RIGHTS
+  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "mems"} with the rank's stdout
+                     and stderr pipe ends as SCM_RIGHTS
   zygote → launcher  {"op": "started", "id", "pid"}, later {"op": "exit", "pid", "status"} (the raw wait status)
 
-In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start and runs
-the script (`forked.run_rank`).
+In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start
+(`forked.prepare_rank`), and the script then runs as an exec'd rank runs it (launch/pymain.py `run_forked`).
+
+The warm process (warmserver.py) is a zygote too: it loads this file and serves each launch with `_Server`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib.util
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import time
-import types
 from typing import TYPE_CHECKING, Any
 
 CTL_FD = 3  # where the launcher's spawn(pass_fd=...) puts the control socket
@@ -53,11 +54,34 @@ END_TIMEOUT = 30.0  # seconds `_end` keeps killing and reaping what is below it 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+HERE = os.path.dirname(__file__)
+
+
+def load_file(path: str, name: str) -> Any:
+    """A standard-library file of ddpboot's, loaded as a module `name` of its own (not as part of ddpboot: the ranks
+    must not carry ddpboot), as this file is run."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 if TYPE_CHECKING:
+    from ddpboot.launch import pymain
     from ddpboot.launch.faststart import forked as forked
 else:  # run from its file, as this one is: nothing of ddpboot is imported
-    forked = types.SimpleNamespace(**runpy.run_path(os.path.join(os.path.dirname(__file__), "forked.py"),
-                                                    run_name="__ddpboot_forked__"))
+    pymain = load_file(os.path.join(os.path.dirname(HERE), "pymain.py"), "__ddpboot_pymain__")
+    forked = load_file(os.path.join(HERE, "forked.py"), "__ddpboot_forked__")
+
+
+def start(path0: str) -> None:
+    """What the zygote (and the warm process) does first: sys.argv its own file's alone, sys.path[0] as a rank's
+    python has it at start (none under -P), and no trace left of how it was run (runpy's cache entry for its
+    file: a rank's fresh python has none), so that the ranks inherit the start a fresh `python` has."""
+    sys.argv = [sys.argv[0]]
+    sys.path_importer_cache.pop(sys.argv[0], None)
+    pymain.set_path0(path0)
 
 
 def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -91,8 +115,7 @@ def _dispositions() -> dict[int, Any]:
 def main() -> None:
     ctl = socket.socket(fileno=CTL_FD)
     path0, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
-    sys.argv = [sys.argv[0]]
-    sys.path[0] = path0
+    start(path0)
     initial = _dispositions()
     _ignore_signals()
     signal.signal(LAUNCHER_GONE, lambda *_: os._exit(0))  # while importing: no rank yet, nothing to end
@@ -186,8 +209,9 @@ class _Server:
         pid = os.fork()
         if pid == 0:
             self.sel.close()
-            forked.run_rank(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)],
-                            self.initial)
+            forked.prepare_rank(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)],
+                                self.initial, pymain.TargetKind(req["kind"]).words(req["name"], req["args"]))
+            pymain.run_forked(req["kind"], req["name"], req["args"])
         for fd in fds:
             os.close(fd)
         self.children.add(pid)
