@@ -26,14 +26,14 @@ import os
 import resource
 import signal
 import socket
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddpboot.launch import pymain
-from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0
+from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0, warmfiles
+from ddpboot.launch.faststart.warmfiles import peer, read_exit, stamp
 from ddpboot.launch.faststart.warmstart import SERVER, Lock, WarmError, start
 from ddpboot.launch.faststart.zygote import MAX_MSG
 from ddpboot.launch.procs.groups import NotOurGroup, signal_group
@@ -49,7 +49,7 @@ IMPORT_PREFIXES = ("PYTHON", "LD_", "LC_", "TORCH", "PYTORCH", "OMP_", "GOMP_", 
 IMPORT_VARS = ("LANG", "LANGUAGE", "TZ", "HOME", "VIRTUAL_ENV", "CONDA_PREFIX")
 NOT_IMPORT = ("TORCHELASTIC_",)  # the launcher's own per-job variables, read by no import
 # The files the warm process runs (their contents are in its key): a new ddpboot starts a fresh one.
-RUNS = (SERVER, ZYGOTE, FORKED, Path(pymain.__file__))
+RUNS = (SERVER, ZYGOTE, FORKED, Path(pymain.__file__), Path(warmfiles.__file__))
 
 
 def warm_dir(env: Mapping[str, str]) -> Path:
@@ -69,11 +69,6 @@ def socket_path(env: Mapping[str, str]) -> Path:
     """One warm process per user and node: the node's name is in the socket's (a directory shared between nodes
     holds one socket each)."""
     return warm_dir(env) / f"warm-{_host()}.sock"
-
-
-def exit_path(sock: Path) -> Path:
-    """Where the warm process writes why it exited (zygote.py _Warm.quit)."""
-    return sock.with_suffix(".exit")
 
 
 def ensure_dir(path: Path) -> Path:
@@ -97,14 +92,6 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
             if (k.startswith(IMPORT_PREFIXES) or k in IMPORT_VARS) and not k.startswith(NOT_IMPORT)}
 
 
-def _file_id(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev]
-
-
 def _namespaces() -> dict[str, str]:
     out = {}
     for ns in ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup"):
@@ -124,7 +111,7 @@ def warm_key(python: str, env: Mapping[str, str], preloads: Sequence[str], path0
     """What a warm process must have been started with to serve this launch (the module docstring)."""
     real = os.path.realpath(python)
     return {
-        "interpreter": [python, real, _file_id(real)],  # a venv's python is a link: its path names the venv
+        "interpreter": [python, real, stamp(real)],  # a venv's python is a link: its path names the venv
         "ddpboot": hashlib.sha256(b"".join(f.read_bytes() for f in RUNS)).hexdigest(),
         "user": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "namespaces": _namespaces(),
@@ -149,11 +136,6 @@ def _umask() -> int:
     return mask
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return int(uid)
-
-
 def _connect(path: Path) -> socket.socket | None:
     """A connection to the warm process, or None when there is none (no socket, or nobody listening)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -165,7 +147,7 @@ def _connect(path: Path) -> socket.socket | None:
     except OSError as exc:
         sock.close()
         raise WarmError(f"cannot connect to {path}: {exc.strerror or exc}") from None
-    if _peer_uid(sock) != os.getuid():
+    if peer(sock)[1] != os.getuid():
         sock.close()
         raise WarmError(f"{path} is served by another user's process")
     return sock
@@ -200,11 +182,7 @@ def request(env: Mapping[str, str], op: str) -> dict[str, Any] | None:
 
 def last_exit(env: Mapping[str, str]) -> dict[str, Any] | None:
     """Why the last warm process exited, as it wrote it (None: it never said: it was killed, or never ran)."""
-    try:
-        found: dict[str, Any] = json.loads(exit_path(socket_path(env)).read_text())
-    except (OSError, ValueError):
-        return None
-    return found
+    return read_exit(socket_path(env))
 
 
 @dataclass(eq=False)
@@ -241,7 +219,7 @@ class WarmSession(FastStartProcess):
         poller.register(self.warm_pidfd, select.POLLIN)
         if not poller.poll(0):
             return False  # still running
-        said = last_exit({DIR_VAR: str(self.sock_path.parent)} if self.sock_path else {})
+        said = read_exit(self.sock_path) if self.sock_path else None
         return said is None or said.get("pid") != self.warm_pid
 
     def close(self) -> None:
@@ -289,7 +267,7 @@ def open_session(python: str, target: Target, cwd: Path, env: Mapping[str, str],
             return session
         if attempt == 2:
             break
-        with Lock(path.with_suffix(".lock"), tick):
+        with Lock(Path(warmfiles.beside(path, ".lock")), tick):
             session = _try_session(path, req, path0, say)  # another launch may have started one meanwhile
             if session is not None:
                 return session
@@ -300,7 +278,7 @@ def open_session(python: str, target: Target, cwd: Path, env: Mapping[str, str],
 def _try_session(path: Path, req: Mapping[str, Any], path0: str, say: Callable[[str], None]) -> WarmSession | None:
     sock = _connect(path)
     if sock is None:
-        said = last_exit({DIR_VAR: str(path.parent)})
+        said = read_exit(path)
         if path.exists() and said is None:
             say(f"note: warm: the warm process of {path} is gone without saying why (killed?); starting a fresh "
                 "one")

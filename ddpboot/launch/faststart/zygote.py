@@ -23,7 +23,7 @@ Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
 In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start
 (`forked.prepare_rank`), and the script then runs as an exec'd rank runs it (launch/pymain.py `run_forked`).
 
-The warm process (warmserver.py) is a zygote too: it loads this file and serves each launch with `_Server`.
+The warm process (warmserver.py) is a zygote too: it loads this file and serves each launch with `Server`.
 """
 
 from __future__ import annotations
@@ -84,18 +84,18 @@ def start(path0: str) -> None:
     pymain.set_path0(path0)
 
 
-def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+def send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendmsg([json.dumps(msg).encode()])
 
 
-def _threads() -> int:
+def thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 1
 
 
-def _ignore_signals() -> None:
+def ignore_signals() -> None:
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
             continue
@@ -117,22 +117,22 @@ def main() -> None:
     path0, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
     start(path0)
     initial = _dispositions()
-    _ignore_signals()
+    ignore_signals()
     signal.signal(LAUNCHER_GONE, lambda *_: os._exit(0))  # while importing: no rank yet, nothing to end
     t0 = time.monotonic()
-    torch_version = _import_preloads(ctl, preload)
+    torch_version = import_preloads(ctl, preload)
     import_s = time.monotonic() - t0
     gc.collect()
     gc.freeze()  # what the ranks inherit stays shared: no collector pass touches (copies) the imported objects
     try:
-        _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
+        send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": thread_count(),
                     "modules": len(sys.modules), "torch": torch_version})
     except OSError:  # the launcher is gone
         os._exit(0)
-    _Server(ctl, initial).serve()
+    Server(ctl, initial).serve()
 
 
-def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
+def import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
     """Import torch (if installed) and the `--preload` modules; torch's version. On failure, say so and exit."""
     try:
         import importlib
@@ -148,12 +148,12 @@ def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
             importlib.import_module(mod)
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            _send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
+            send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
         os._exit(1)
     return torch_version
 
 
-class _Server:
+class Server:
     """The serving loop: spawn requests from the launcher, SIGCHLD (through a wake-up pipe) for the ranks' exits, the
     launcher's end. A child subreaper: what the ranks leave running is its child, reaped here, ended by `_end`."""
 
@@ -175,20 +175,11 @@ class _Server:
         while True:
             for key, _ in self.sel.select():
                 if key.data == "wake":
-                    if LAUNCHER_GONE in self._drain_wakeups():
+                    if LAUNCHER_GONE in wakeups(self.wake_r):
                         self._end()
                 else:
                     self._request()
             self._reap()
-
-    def _drain_wakeups(self) -> set[int]:
-        seen: set[int] = set()
-        try:
-            while data := os.read(self.wake_r, 512):
-                seen.update(data)
-        except BlockingIOError:
-            pass
-        return seen
 
     def _request(self) -> None:
         try:
@@ -219,7 +210,7 @@ class _Server:
 
     def _tell(self, msg: dict[str, Any]) -> None:
         try:
-            _send(self.ctl, msg)
+            send(self.ctl, msg)
         except OSError:  # the launcher is gone
             self._end()
 
@@ -254,6 +245,17 @@ class _Server:
                 break  # nothing below us any more
             time.sleep(0.005)
         os._exit(0)
+
+
+def wakeups(fd: int) -> set[int]:
+    """The signals a wake-up pipe (signal.set_wakeup_fd, non-blocking) has received since it was last read."""
+    seen: set[int] = set()
+    try:
+        while data := os.read(fd, 512):
+            seen.update(data)
+    except BlockingIOError:
+        pass
+    return seen
 
 
 def _children(pid: int) -> list[int]:
