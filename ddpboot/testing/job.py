@@ -20,7 +20,7 @@ from ddpboot.testing.fixtures import CONTEXT_ARG
 
 JOB_FILE = "job.pkl"
 LAUNCHER_LOG = "launcher.log"
-PRELOAD_VAR = "DDPBOOT_TESTING_PRELOAD"  # the warm process's test files: {"sys_path": [...], "modules": [[name, path]]}
+PRELOAD_VAR = "DDPBOOT_TESTING_PRELOAD"  # the session server's tests: {"sys_path": [...], "modules": [[name, path]]}
 
 
 class NotPicklable(Exception):

@@ -1,6 +1,7 @@
-"""The warm process: `python -m ddpboot.testing.server`, one per pytest session (per xdist worker), started by
-warm.py. It holds a fast-start zygote (launch/faststart/) that has imported torch, ddpboot and the session's test
-files once; for each test it forks a launcher that supervises that test's ranks, forked in turn from the zygote.
+"""The session server: `python -m ddpboot.testing.server`, one per pytest session (per xdist worker), started by
+session.py (the plugin's users know it as the warm process; `ddpboot --warm`'s is another, warmserver.py). It holds
+a fast-start zygote (launch/faststart/) that has imported torch, ddpboot and the session's test files once; for
+each test it forks a launcher that supervises that test's ranks, forked in turn from the zygote.
 
 Each test still gets the launcher's guarantees: fresh rank processes, its own store on its own port (bound to a
 free port by the launcher), GPU locks taken and waited for as any job's (so xdist workers never share a GPU),
