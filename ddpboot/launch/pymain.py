@@ -132,13 +132,13 @@ def prepare(kind: str, name: str, args: Sequence[str], main: dict[str, Any]
         import runpy
 
         sys.argv = ["-m", *args]
-        set_path0(os.getcwd())
+        set_path0(path0(kind, name))
         run: Callable[[], object] = lambda: runpy._run_module_as_main(name)  # type: ignore[attr-defined]  # noqa: E731
     elif kind is TargetKind.RUN_PATH:
         import runpy
 
         orig = None  # torchrun's own `python -u -c CODE SCRIPT ARGS`
-        set_path0("")
+        set_path0(path0(kind, name))
         run = lambda: runpy.run_path(name, run_name="__main__")  # noqa: E731
     else:
         run, done = _script(name, main)
@@ -157,7 +157,7 @@ def _script(name: str, main: dict[str, Any]) -> tuple[Callable[[], object], Call
         else:
             sys.path[0] = full
         return (lambda: runpy._run_module_as_main("__main__", False)), _nothing  # type: ignore[attr-defined]
-    set_path0(os.path.dirname(os.path.realpath(name)))
+    set_path0(path0(TargetKind.SCRIPT, name))
     try:
         with open(full, "rb") as f:
             source = f.read()
