@@ -95,8 +95,8 @@ the fallback when py-spy is missing or not permitted. A real-time signal nobody 
 only to a rank whose /proc status shows it caught."""
 STACKS_VAR = "DDPBOOT_STACKS"
 """`SIGNO:PATH`: where a rank's faulthandler appends its stacks on signal SIGNO (RANK_STACKS_SIGNAL), set by the
-launcher; read by register_stacks (`ddpboot.init()`), by the rank bootstrap (launch/bootstrap.py) and by the
-fast-start process, which both write the parsing again (they import nothing of ddpboot)."""
+launcher; read by register_stacks (`ddpboot.init()`) and, in every exec'd or forked Python rank, by
+launch/pymain.py, which writes the parsing again (it imports nothing of ddpboot)."""
 
 
 def stacks_spec(signo: int, path: str) -> str:

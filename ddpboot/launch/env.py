@@ -23,12 +23,10 @@ from ddpboot.contract import (
     stacks_file,
     stacks_spec,
 )
-from ddpboot.launch.bootstrap import KINDS, rank_command
+from ddpboot.launch.bootstrap import rank_command
+from ddpboot.launch.pymain import TargetKind
 from ddpboot.launch.spec import Target
 from ddpboot.selection.planner import Plan, RankSlot
-
-# Runs the script the way torchrun's --run-path does: runpy.run_path in a fresh interpreter, as __main__.
-RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 LOCAL_RANK_MACRO = "${local_rank}"
 
@@ -124,27 +122,19 @@ def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
 
 
 def worker_argv(target: Target, python: str, local_rank: int) -> list[str]:
-    """One worker's command as torchrun runs it (`python -u SCRIPT ARGS`): what `--dry-run` and the failure report
-    show. A Python rank is started through the rank bootstrap instead (exec_command), which runs exactly this."""
-    args = substitute_local_rank(target.args, local_rank)
-    if target.kind == "script":
-        return [python, "-u", target.name, *args]
-    if target.kind == "module":
-        return [python, "-u", "-m", target.name, *args]
-    if target.kind == "run_path":
-        return [python, "-u", "-c", RUN_PATH_CODE, target.name, *args]
-    return [target.name, *args]
+    """One worker's command as torchrun runs it (`python -u SCRIPT ARGS`, pymain.TargetKind.shown): what `--dry-run`
+    and the failure report show. A Python rank is started through the rank bootstrap instead (exec_command), which
+    runs exactly this."""
+    return TargetKind(target.kind).shown(python, target.name, substitute_local_rank(target.args, local_rank))
 
 
-_SHOWN_PREFIX = {"script": 2, "module": 3, "run_path": 4}  # the words before NAME in worker_argv's command
-
-
-def exec_command(kind: str, argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """What is exec'd, with which environment, for a worker whose command (worker_argv) is `argv`: a Python
-    target's runs through the rank bootstrap (launch/bootstrap.py: faulthandler on the stacks signal, then the
-    script as python runs it; its command line names the script as `argv` does); a `--no-python` program is exec'd
-    as it is."""
-    if kind not in KINDS:
-        return list(argv), dict(env)
-    command, carrier = rank_command(argv[0], kind, argv[_SHOWN_PREFIX[kind]], argv[_SHOWN_PREFIX[kind] + 1:])
+def exec_command(target: Target, python: str, local_rank: int, env: Mapping[str, str]
+                 ) -> tuple[list[str], dict[str, str]]:
+    """What is exec'd, with which environment, for this worker: a Python target's runs through the rank bootstrap
+    (launch/bootstrap.py: faulthandler on the stacks signal, then the script as python runs it; its command line
+    names the script as worker_argv's does); a `--no-python` program is exec'd as worker_argv shows it."""
+    kind = TargetKind(target.kind)
+    if not kind.is_python:
+        return worker_argv(target, python, local_rank), dict(env)
+    command, carrier = rank_command(python, kind, target.name, substitute_local_rank(target.args, local_rank))
     return command, {**env, **carrier}

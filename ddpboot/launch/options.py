@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import is_module_name
-from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec, StoreBackend, TargetKind
+from ddpboot.launch.pymain import TargetKind
+from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec, StoreBackend
 from ddpboot.selection.affinity import NUMA_POLICIES
 from ddpboot.selection.request import SelectionOptions
 
@@ -156,10 +157,10 @@ def target_kind(module: bool, no_python: bool, run_path: bool) -> TargetKind:
     if run_path and module:
         raise UsageError("--run-path runs a script file; with -m give the module without --run-path.")
     if run_path:
-        return "run_path"
+        return TargetKind.RUN_PATH
     if module:
-        return "module"
-    return "binary" if no_python else "script"
+        return TargetKind.MODULE
+    return TargetKind.BINARY if no_python else TargetKind.SCRIPT
 
 
 # torchrun options that ddpboot refuses by name, each with what ddpboot does instead (docs/guide.md lists them).

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.pymain import TargetKind
 from ddpboot.tcpstore.allow import AllowList
 
-TargetKind = Literal["script", "module", "binary", "run_path"]
 StoreBackend = Literal["python", "torch"]
 
 

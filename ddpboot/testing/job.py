@@ -20,7 +20,7 @@ from ddpboot.testing.fixtures import CONTEXT_ARG
 
 JOB_FILE = "job.pkl"
 LAUNCHER_LOG = "launcher.log"
-PRELOAD_VAR = "DDPBOOT_TESTING_PRELOAD"  # the warm process's test files: {"sys_path": [...], "modules": [[name, path]]}
+PRELOAD_VAR = "DDPBOOT_TESTING_PRELOAD"  # the session server's tests: {"sys_path": [...], "modules": [[name, path]]}
 
 
 class NotPicklable(Exception):
@@ -120,7 +120,8 @@ def failure_report(results: list[RankResult], code: int, launcher_output: str, t
     return "\n".join(parts)
 
 
-_HARNESS = ("/ddpboot/launch/faststart/zygote.py\"", "<frozen runpy>", "File \"<string>\"")
+_HARNESS = ("/ddpboot/launch/pymain.py\"", "/ddpboot/launch/faststart/forked.py\"",
+            "/ddpboot/launch/faststart/zygote.py\"", "<frozen runpy>", "File \"<string>\"")
 
 
 def _test_frames(stacks: str) -> str:

@@ -1,4 +1,4 @@
-"""Import a test file inside a rank (or the warm process) as pytest does: under pytest's module name, with
+"""Import a test file inside a rank (or the session server) as pytest does: under pytest's module name, with
 pytest's assertion rewriting, so that a failing `assert a == b` in a rank reports both values.
 
 The file's directories come first on sys.path as in the pytest process (the caller passes them), so that its own

@@ -2,7 +2,7 @@
 
 Collection: a `ddp` marker with a list of sizes becomes one item per size (`test_x[nproc=2]`), the sizes this
 machine cannot run skipped with the reason. Call: the test's resolved arguments go into a job file, one launcher
-run executes it on N ranks (warm: from the session's warm process; cold, `--ddp-cold` or a marker with `args`:
+run executes it on N ranks (warm: forked in the session server, server.py; cold, `--ddp-cold` or a marker with `args`:
 `python -m ddpboot` per test), and the ranks' results become the test's outcome.
 """
 
@@ -22,29 +22,29 @@ import pytest
 
 from ddpboot.testing.job import LAUNCHER_LOG, NotPicklable, failure_report, make_job, read_results, write_job
 from ddpboot.testing.options import MARKER_HELP, DdpOptions, MarkerError, parse_marker, skip_reason, uses_gpus
-from ddpboot.testing.warm import GRACE, STOP_AFTER, WarmError, WarmLauncher
+from ddpboot.testing.session import GRACE, STOP_AFTER, SessionServer, SessionServerError
 
 NPROC_ARG = "ddp_nproc"  # the parameter a size matrix sets (a test may ask for it)
-_WARM = pytest.StashKey["_Warm"]()
+_SERVER = pytest.StashKey["_ServerSlot"]()
 
 
-class _Warm:
-    """The session's warm process, started at the end of collection and again after one had to be killed."""
+class _ServerSlot:
+    """The session server (warm ranks), started at the end of collection and again after one had to be killed."""
 
     def __init__(self, modules: list[tuple[str, str]], log: Path) -> None:
         self.modules = modules
         self.log = log
-        self.launcher: WarmLauncher | None = None
+        self.server: SessionServer | None = None
 
-    def get(self) -> WarmLauncher:
-        if self.launcher is None or not self.launcher.alive():
-            self.launcher = WarmLauncher.start(self.modules, self.log)
-        return self.launcher
+    def get(self) -> SessionServer:
+        if self.server is None or not self.server.alive():
+            self.server = SessionServer.start(self.modules, self.log)
+        return self.server
 
     def close(self) -> None:
-        if self.launcher is not None:
-            self.launcher.close()
-            self.launcher = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -124,7 +124,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the warm process now, so that it imports torch and the test files while other tests run."""
+    """Start the session server now, so that it imports torch and the test files while other tests run."""
     if session.config.getoption("ddp_cold", False):
         return
     modules = {}
@@ -134,16 +134,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             modules[str(item.path)] = item.module.__name__
     if modules:
         log = Path(tempfile.mkdtemp(prefix="ddpboot-testing-warm-")) / "warm.log"
-        warm = _Warm([(name, path) for path, name in modules.items()], log)
-        session.config.stash[_WARM] = warm
-        warm.get()
+        slot = _ServerSlot([(name, path) for path, name in modules.items()], log)
+        session.config.stash[_SERVER] = slot
+        slot.get()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    warm = config.stash.get(_WARM, None)
-    if warm is not None:
-        warm.close()
-        shutil.rmtree(warm.log.parent, ignore_errors=True)
+    slot = config.stash.get(_SERVER, None)
+    if slot is not None:
+        slot.close()
+        shutil.rmtree(slot.log.parent, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -184,11 +184,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 def _launch(item: pytest.Function, opts: DdpOptions, nproc: int, gpu: bool, results: Path) -> int | None:
     """The launcher's exit code for this job, or None when it ran past the timeout and had to be stopped."""
-    warm: _Warm | None = item.config.stash.get(_WARM, None)
-    if warm is not None and not opts.args:
+    slot: _ServerSlot | None = item.config.stash.get(_SERVER, None)
+    if slot is not None and not opts.args:
         try:
-            return warm.get().run(nproc, gpu, results, opts.timeout)
-        except WarmError as exc:
+            return slot.get().run(nproc, gpu, results, opts.timeout)
+        except SessionServerError as exc:
             raise pytest.fail.Exception(str(exc), pytrace=False) from None
     cmd = [sys.executable, "-m", "ddpboot", "--nproc", str(nproc), *([] if gpu else ["--cpu"]),
            "--shutdown-timeout", "5", "--wait-for-gpus", f"{opts.timeout:g}", *opts.args,

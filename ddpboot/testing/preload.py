@@ -1,4 +1,4 @@
-"""Imported by the warm process's fast-start zygote before it forks any rank: torch, ddpboot's worker API, pytest's
+"""Imported by the session server's fast-start zygote before it forks any rank: torch, ddpboot's worker API, pytest's
 assertion rewriting and the session's test files (DDPBOOT_TESTING_PRELOAD, written by the pytest process), so a
 rank forked from it starts with all of them imported. A test file that cannot be imported here is left to the
 rank, which reports the error as the test's failure."""

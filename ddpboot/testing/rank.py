@@ -1,5 +1,5 @@
 """Inside a rank: `python -m ddpboot.testing.rank RESULTS` runs the test the job file describes and records the
-outcome (job.py). Started by the launcher, exec'd or forked from the warm process.
+outcome (job.py). Started by the launcher, exec'd or forked in the session server (server.py).
 
 Before anything else the rank arms faulthandler with the test's timeout: when it strikes, every thread's stack goes
 to `rank<N>.stacks`; a moment later the pytest process stops the launcher, which ends every rank (no orphans), and

@@ -1,6 +1,7 @@
-"""The warm process: `python -m ddpboot.testing.server`, one per pytest session (per xdist worker), started by
-warm.py. It holds a fast-start zygote (launch/faststart/) that has imported torch, ddpboot and the session's test
-files once; for each test it forks a launcher that supervises that test's ranks, forked in turn from the zygote.
+"""The session server: `python -m ddpboot.testing.server`, one per pytest session (per xdist worker), started by
+session.py (the plugin's users know it as the warm process; `ddpboot --warm`'s is another, warmserver.py). It holds
+a fast-start zygote (launch/faststart/) that has imported torch, ddpboot and the session's test files once; for
+each test it forks a launcher that supervises that test's ranks, forked in turn from the zygote.
 
 Each test still gets the launcher's guarantees: fresh rank processes, its own store on its own port (bound to a
 free port by the launcher), GPU locks taken and waited for as any job's (so xdist workers never share a GPU),
@@ -28,6 +29,7 @@ from ddpboot.launch import runner
 from ddpboot.launch.config import RunOptions, SelectionOptions, build
 from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.procs.spawn import PR_SET_PDEATHSIG, become_subreaper, prctl
+from ddpboot.launch.pymain import TargetKind
 from ddpboot.launch.spec import Target
 from ddpboot.testing.job import LAUNCHER_LOG, PRELOAD_VAR
 
@@ -36,7 +38,7 @@ SHUTDOWN_TIMEOUT = 5.0  # seconds a stopped rank gets before SIGKILL
 
 
 def rank_target(results: str) -> Target:
-    return Target("module", RANK_MODULE, (results,))
+    return Target(TargetKind.MODULE, RANK_MODULE, (results,))
 
 
 def run_job(zygote: FastStartProcess, nproc: int, gpu: bool, results: str, wait: float) -> int:

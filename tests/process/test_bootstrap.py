@@ -1,14 +1,17 @@
 """The rank bootstrap (ddpboot/launch/bootstrap.py) against plain python: tests/process/scripts/boot_probe.py run
 as `python -u SCRIPT` / `python -u -m MODULE` and as the launcher runs a rank must print the same (argv, orig_argv,
 sys.path[0], __main__'s names, pickling a class of the script, a spawn pool, signal dispositions, the traceback of
-an uncaught exception, atexit and threads at the end) and exit alike; and the bootstrap's faulthandler writes the
-rank's stack on the stacks signal. Standard library processes only: each run takes a fraction of a second."""
+an uncaught exception, atexit and threads at the end; a directory or zip file with a __main__.py; -P) and exit alike;
+and the bootstrap's faulthandler writes the rank's stack on the stacks signal. test_fast_start.py compares a rank
+forked by the fast-start process with plain python the same way (launch/pymain.py runs the target for both).
+Standard library processes only: each run takes a fraction of a second."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -71,12 +74,16 @@ def test_a_module_runs_as_under_python_m(case: str, tmp_path: Path) -> None:
     assert boot == plain
 
 
-def test_a_directory_runs_its_main_as_under_plain_python(tmp_path: Path) -> None:
+@pytest.mark.parametrize("app", ["app", "app.zip"])
+def test_a_directory_or_a_zip_file_runs_its_main_as_under_plain_python(app: str, tmp_path: Path) -> None:
+    main = "import sys; print(sys.argv, sys.path[:2], __file__, __name__, type(__loader__).__name__)\n"
     (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "__main__.py").write_text("import sys; print(sys.argv, sys.path[:2], __file__, __name__)\n")
-    for safe in ("", "1"):  # PYTHONSAFEPATH=1 (python -P) prepends the directory all the same
-        plain, boot = both("script", "app", ["x"], tmp_path, tmp_path, PYTHONSAFEPATH=safe)
-        assert plain[0] == 0 and "app/__main__.py __main__" in plain[1], plain
+    (tmp_path / "app" / "__main__.py").write_text(main)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", main)
+    for safe in ("", "1"):  # PYTHONSAFEPATH=1 (python -P) prepends the directory or zip file all the same
+        plain, boot = both("script", app, ["x"], tmp_path, tmp_path, PYTHONSAFEPATH=safe)
+        assert plain[0] == 0 and f"{app}/__main__.py __main__" in plain[1], plain
         assert boot == plain
 
 

@@ -8,6 +8,8 @@ torch) must behave the same. Real launches, gloo on CPU, simulated GPUs for CUDA
 - exit_probe.py: sys.exit(n), an uncaught exception's traceback, KeyboardInterrupt, a SIGTERM handler, atexit and a
   non-daemon thread outliving the main module.
 - fidpkg.main under -m; the accelerate and Lightning (Fabric) clients.
+- tests/process/scripts/boot_probe.py forked by the zygote against plain python (test_bootstrap.py compares the
+  exec'd rank so): a symlinked script, a module, a directory and a zip file with a __main__.py, with and without -P.
 - The launcher's supervision tests (test_launcher.py) rerun with DDPBOOT_FAST_START=1: fail-fast, shutdown
   timeout, signal forwarding, second Ctrl-C, slurmstepd idempotence, kill -9 of the launcher, restarts.
 """
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,8 +31,10 @@ from typing import Any
 import psutil
 import pytest
 
+from ddpboot.launch.faststart import FastStartProcess
+from ddpboot.launch.spec import Target
 from tests.process import test_launcher as launcher
-from tests.support import finish, launch_env, reports, run_launcher, start_launcher, wait_for
+from tests.support import SCRIPTS, finish, launch_env, reports, run_launcher, start_launcher, wait_for
 
 FID = Path(__file__).resolve().parent / "scripts" / "fidelity"
 PROBE = str(FID / "probe.py")
@@ -87,6 +95,67 @@ def test_module_target(tmp_path: Path) -> None:
     rep = ex["module0.json"]
     assert rep["argv"] == [str(FID / "fidpkg" / "main.py"), "x"]
     assert rep["name"] == "__main__" and rep["spec"] == "fidpkg.main" and rep["path0"] == str(FID)
+
+
+APP_MAIN = ("import sys; print(sys.argv, sys.path[:2], __file__, __name__, __spec__.name, type(__loader__).__name__, "
+            "sorted(k for k in globals() if k.startswith('__')))\n")
+FORK_CASES = {  # a target, and the words plain python is given for it after -u
+    "script": (Target("script", "link.py", ("report",)), ["link.py", "report"]),
+    "raise": (Target("script", "link.py", ("raise",)), ["link.py", "raise"]),
+    "late": (Target("script", "link.py", ("late",)), ["link.py", "late"]),
+    "module": (Target("module", "boot_probe", ("report",)), ["-m", "boot_probe", "report"]),
+    "directory": (Target("script", "app", ("x",)), ["app", "x"]),
+    "zip": (Target("script", "app.zip", ("x",)), ["app.zip", "x"]),
+}
+
+
+def _forked(zygote: FastStartProcess, target: Target, env: dict[str, str], out: Path) -> tuple[int, str, str]:
+    """`target` run in a rank the zygote forks: its exit code, stdout and stderr."""
+    with (out / "out").open("wb") as o, (out / "err").open("wb") as e:
+        pid = zygote.fork_rank(target, 0, env, o.fileno(), e.fileno())
+    exits: list[tuple[int, int]] = []
+    wait_for(lambda: exits.extend(x for x in zygote.poll() if x[0] == pid) or exits, 60, "the forked rank's exit")
+    return os.waitstatus_to_exitcode(exits[0][1]), (out / "out").read_text(), (out / "err").read_text()
+
+
+def _without_loaded(output: str) -> str:
+    """boot_probe's report without `loaded`: the zygote imported torch, which imports what plain python has not."""
+    if not output.startswith("{"):
+        return output
+    report = json.loads(output)
+    del report["loaded"]
+    return json.dumps(report)
+
+
+@pytest.mark.parametrize("safe", ["", "1"], ids=["path0", "safe-path"])
+def test_a_forked_rank_runs_its_target_as_plain_python_does(safe: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch/pymain.py, the one way the exec'd and the forked rank run their target: what a target forked by the
+    zygote sees (argv, orig_argv, sys.path[0], __main__, pickling, a spawn pool, the traceback, atexit) is what plain
+    `python -u` gives it, for each kind of target, and under PYTHONSAFEPATH=1 (python -P) too."""
+    (tmp_path / "link.py").symlink_to(SCRIPTS / "boot_probe.py")
+    (tmp_path / "boot_probe.py").symlink_to(SCRIPTS / "boot_probe.py")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(APP_MAIN)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", APP_MAIN)
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PYTHONSAFEPATH": safe}
+    zygote = FastStartProcess.start(sys.executable, FORK_CASES["script"][0], tmp_path, env)
+    try:
+        for case, (target, words) in FORK_CASES.items():
+            plain = subprocess.run([sys.executable, "-u", *words], env=env, capture_output=True, text=True,
+                                   timeout=60)
+            (tmp_path / case).mkdir()
+            code, out, err = _forked(zygote, target, env, tmp_path / case)
+            assert (code, _without_loaded(out), err) == (plain.returncode, _without_loaded(plain.stdout),
+                                                         plain.stderr), case
+            if case == "module":
+                assert plain.returncode == (1 if safe else 0), plain.stderr  # -P: the working directory is not on it
+            elif case != "raise":
+                assert plain.returncode == 0, plain.stderr
+    finally:
+        zygote.close()
 
 
 def _rank_output(text: str) -> list[str]:

@@ -26,6 +26,7 @@ from ddpboot.launch.env import substitute_local_rank
 from ddpboot.launch.faststart.zygote import LAUNCHER_GONE, MAX_MSG
 from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.procs.spawn import spawn
+from ddpboot.launch.pymain import TargetKind, path0
 from ddpboot.launch.spec import Target
 
 ZYGOTE = Path(__file__).with_name("zygote.py")
@@ -38,18 +39,12 @@ class FastStartError(DdpbootError):
 
 
 def python_path0(target: Target, cwd: Path) -> str:
-    """sys.path[0] as `python -u SCRIPT`, `python -u -m MODULE` or `python -u -c ...` (--run-path) would set it."""
-    if target.kind == "script":
-        path = Path(target.name) if os.path.isabs(target.name) else cwd / target.name
-        real = os.path.realpath(path)
-        return real if os.path.isdir(real) else os.path.dirname(real)
-    if target.kind == "module":
-        return str(cwd)
-    return ""  # -c
+    """sys.path[0] as a rank's python sets it (launch/pymain.py): where the zygote imports the preloads from."""
+    return path0(target.kind, target.name, str(cwd))
 
 
 def supports(target: Target) -> bool:
-    return target.kind in ("script", "module", "run_path")
+    return TargetKind(target.kind).is_python
 
 
 @dataclass(eq=False)
@@ -124,7 +119,7 @@ class FastStartProcess:
         self._next += 1
         req = {"op": "spawn", "id": self._next, "kind": target.kind, "name": target.name,
                "args": substitute_local_rank(target.args, local_rank), "env": dict(env), "cpus": list(cpus),
-               "mems": list(mem_nodes), "path0": self.path0}
+               "mems": list(mem_nodes)}
         try:
             socket.send_fds(self.sock, [json.dumps(req).encode()], [stdout, stderr])
         except OSError as exc:

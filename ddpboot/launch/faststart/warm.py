@@ -4,12 +4,12 @@ is zygote.py's warm mode: the first warm launch starts it, detached; each later 
 gets a session, a fork of it that takes the launch's cwd, umask, limits, priority, CPUs, environment and stdio and
 then serves this launch exactly as a fast-start process does (`WarmSession` is a `FastStartProcess`).
 
-Nothing stale: the warm process is keyed (`warm_key`) by the interpreter (its path and file), zygote.py itself, the
-uid, groups, namespaces and cgroup, the preloads, and the environment variables read while Python starts and torch
-is imported (`IMPORT_VARS`) as the user set them (not the OMP_NUM_THREADS ddpboot sets per rank: each rank applies
-its own, zygote.py); it also stamps every file it imported and the site directories they came from. A launch whose
-key differs, or that finds a stamp changed, is answered "stale": that warm process exits (launches it serves go on)
-and this launch starts a fresh one.
+Nothing stale: the warm process is keyed (`warm_key`) by the interpreter (its path and file), the files it runs
+(`RUNS`), the uid, groups, namespaces and cgroup, the preloads, and the environment variables read while Python
+starts and torch is imported (`IMPORT_VARS`) as the user set them (not the OMP_NUM_THREADS ddpboot sets per rank:
+each rank applies its own, zygote.py); it also stamps every file it imported and the site directories they came
+from. A launch whose key differs, or that finds a stamp changed, is answered "stale": that warm process exits
+(launches it serves go on) and this launch starts a fresh one.
 
 Security: the socket lives in a 0700 directory of the user's (`$XDG_RUNTIME_DIR/ddpboot`, else `/tmp/ddpboot-UID`;
 `DDPBOOT_WARM_DIR` overrides), is 0600, and each side checks the other's uid (SO_PEERCRED).
@@ -26,13 +26,14 @@ import os
 import resource
 import signal
 import socket
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0
+from ddpboot.launch import pymain
+from ddpboot.launch.faststart import FORKED, ZYGOTE, FastStartProcess, python_path0, warmfiles
+from ddpboot.launch.faststart.warmfiles import peer, read_exit, stamp
 from ddpboot.launch.faststart.warmstart import SERVER, Lock, WarmError, start
 from ddpboot.launch.faststart.zygote import MAX_MSG
 from ddpboot.launch.procs.groups import NotOurGroup, signal_group
@@ -47,6 +48,8 @@ DEFAULT_IDLE = 15 * 60.0  # --warm-idle
 IMPORT_PREFIXES = ("PYTHON", "LD_", "LC_", "TORCH", "PYTORCH", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
 IMPORT_VARS = ("LANG", "LANGUAGE", "TZ", "HOME", "VIRTUAL_ENV", "CONDA_PREFIX")
 NOT_IMPORT = ("TORCHELASTIC_",)  # the launcher's own per-job variables, read by no import
+# The files the warm process runs (their contents are in its key): a new ddpboot starts a fresh one.
+RUNS = (SERVER, ZYGOTE, FORKED, Path(pymain.__file__), Path(warmfiles.__file__))
 
 
 def warm_dir(env: Mapping[str, str]) -> Path:
@@ -66,11 +69,6 @@ def socket_path(env: Mapping[str, str]) -> Path:
     """One warm process per user and node: the node's name is in the socket's (a directory shared between nodes
     holds one socket each)."""
     return warm_dir(env) / f"warm-{_host()}.sock"
-
-
-def exit_path(sock: Path) -> Path:
-    """Where the warm process writes why it exited (zygote.py _Warm.quit)."""
-    return sock.with_suffix(".exit")
 
 
 def ensure_dir(path: Path) -> Path:
@@ -94,14 +92,6 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
             if (k.startswith(IMPORT_PREFIXES) or k in IMPORT_VARS) and not k.startswith(NOT_IMPORT)}
 
 
-def _file_id(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev]
-
-
 def _namespaces() -> dict[str, str]:
     out = {}
     for ns in ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup"):
@@ -121,8 +111,8 @@ def warm_key(python: str, env: Mapping[str, str], preloads: Sequence[str], path0
     """What a warm process must have been started with to serve this launch (the module docstring)."""
     real = os.path.realpath(python)
     return {
-        "interpreter": [python, real, _file_id(real)],  # a venv's python is a link: its path names the venv
-        "ddpboot": hashlib.sha256(ZYGOTE.read_bytes() + FORKED.read_bytes() + SERVER.read_bytes()).hexdigest(),
+        "interpreter": [python, real, stamp(real)],  # a venv's python is a link: its path names the venv
+        "ddpboot": hashlib.sha256(b"".join(f.read_bytes() for f in RUNS)).hexdigest(),
         "user": [os.getuid(), os.getgid(), sorted(os.getgroups())],
         "namespaces": _namespaces(),
         "cgroup": _cgroup(),
@@ -146,11 +136,6 @@ def _umask() -> int:
     return mask
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return int(uid)
-
-
 def _connect(path: Path) -> socket.socket | None:
     """A connection to the warm process, or None when there is none (no socket, or nobody listening)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -162,7 +147,7 @@ def _connect(path: Path) -> socket.socket | None:
     except OSError as exc:
         sock.close()
         raise WarmError(f"cannot connect to {path}: {exc.strerror or exc}") from None
-    if _peer_uid(sock) != os.getuid():
+    if peer(sock)[1] != os.getuid():
         sock.close()
         raise WarmError(f"{path} is served by another user's process")
     return sock
@@ -197,11 +182,7 @@ def request(env: Mapping[str, str], op: str) -> dict[str, Any] | None:
 
 def last_exit(env: Mapping[str, str]) -> dict[str, Any] | None:
     """Why the last warm process exited, as it wrote it (None: it never said: it was killed, or never ran)."""
-    try:
-        found: dict[str, Any] = json.loads(exit_path(socket_path(env)).read_text())
-    except (OSError, ValueError):
-        return None
-    return found
+    return read_exit(socket_path(env))
 
 
 @dataclass(eq=False)
@@ -238,7 +219,7 @@ class WarmSession(FastStartProcess):
         poller.register(self.warm_pidfd, select.POLLIN)
         if not poller.poll(0):
             return False  # still running
-        said = last_exit({DIR_VAR: str(self.sock_path.parent)} if self.sock_path else {})
+        said = read_exit(self.sock_path) if self.sock_path else None
         return said is None or said.get("pid") != self.warm_pid
 
     def close(self) -> None:
@@ -286,7 +267,7 @@ def open_session(python: str, target: Target, cwd: Path, env: Mapping[str, str],
             return session
         if attempt == 2:
             break
-        with Lock(path.with_suffix(".lock"), tick):
+        with Lock(Path(warmfiles.beside(path, ".lock")), tick):
             session = _try_session(path, req, path0, say)  # another launch may have started one meanwhile
             if session is not None:
                 return session
@@ -297,7 +278,7 @@ def open_session(python: str, target: Target, cwd: Path, env: Mapping[str, str],
 def _try_session(path: Path, req: Mapping[str, Any], path0: str, say: Callable[[str], None]) -> WarmSession | None:
     sock = _connect(path)
     if sock is None:
-        said = last_exit({DIR_VAR: str(path.parent)})
+        said = read_exit(path)
         if path.exists() and said is None:
             say(f"note: warm: the warm process of {path} is gone without saying why (killed?); starting a fresh "
                 "one")

@@ -1,5 +1,6 @@
 """The warm process (`ddpboot --warm`; the launcher's side is warm.py). Standard library only, like zygote.py, whose
-functions it loads from that file (not as a module of ddpboot: the ranks it forks must not carry ddpboot).
+functions it loads from that file, and warmfiles.py, the files both sides name alike (not as modules of ddpboot: the
+ranks it forks must not carry ddpboot).
 
 Started detached by the first warm launch as `python -u -c BOOT warmserver.py CONF` (CONF: JSON with the socket's
 path, the key the launcher computed, the preloads and their sys.path[0], the idle time). It imports as the zygote
@@ -12,11 +13,12 @@ that started it, and serves a 0600 AF_UNIX SOCK_SEQPACKET socket. Each connectio
   launcher's stdin, stdout and stderr as SCM_RIGHTS  → "stale" (then it exits: a fresh one replaces it) or a
   session: a forked child that takes the launcher's cwd, umask, limits, priority, CPUs, environment and stdio (and
   gives its ranks the dispositions an exec'd rank of that launch starts with: `ignored`, the signals the launcher
-  ignores and does not forward), says "ready" and is a zygote on that connection (zygote.py's _Server) until the
+  ignores and does not forward), says "ready" and is a zygote on that connection (zygote.py's Server) until the
   launcher closes it or is gone; it then ends every process below it (the ranks, and what they left running: it
   is their subreaper) and exits, without a word on the launch's terminal.
 A session is not tied to the warm process: if the warm process dies, running launches go on. It exits after the
-idle time without sessions, on SIGTERM, or when replaced; it then writes why to the `.exit` file beside the socket.
+idle time without sessions, on SIGTERM, or when replaced; it then writes why to the `.exit` file beside the socket
+(warmfiles.py).
 """
 
 from __future__ import annotations
@@ -30,36 +32,20 @@ import resource
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-
-def _load_zygote() -> ModuleType:
-    """zygote.py, loaded from its file under a name that does not run its main()."""
-    spec = importlib.util.spec_from_file_location("__ddpboot_zygote_lib__",
-                                                  os.path.join(os.path.dirname(__file__), "zygote.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 if TYPE_CHECKING:
+    from ddpboot.launch.faststart import warmfiles as files
     from ddpboot.launch.faststart import zygote as z
-else:
-    z = _load_zygote()
-
-
-
-def _stamp(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_mtime_ns, st.st_size, st.st_ino]
+else:  # run from its file, as zygote.py is (loaded here under a name that does not run its main()): nothing of
+    # ddpboot is imported; zygote.py's loader then takes warmfiles.py
+    _spec = importlib.util.spec_from_file_location("__ddpboot_zygote_lib__", os.path.join(os.path.dirname(__file__),
+                                                                                        "zygote.py"))
+    z = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(z)
+    files = z.load_file(os.path.join(z.HERE, "warmfiles.py"), "__ddpboot_warmfiles__")
 
 
 def _imported_files(path0: str) -> dict[str, list[int] | None]:
@@ -67,42 +53,41 @@ def _imported_files(path0: str) -> dict[str, list[int] | None]:
     (site-packages, dist-packages: a package installed or removed there changes its mtime) and each other sys.path
     directory that modules came from, with their .pth files; not the script's own directory (its files change all
     the time; only --preload modules come from it, and their files are stamped)."""
-    files = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
-    dirs = sorted({p for p in sys.path[1:] if p and p != path0 and os.path.isdir(p)}, key=len, reverse=True)
+    found = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
+    dirs = sorted({p for p in sys.path if p and p != path0 and os.path.isdir(p)}, key=len, reverse=True)
     used = {d for d in dirs if os.path.basename(d.rstrip(os.sep)) in ("site-packages", "dist-packages")}
-    for f in files:
+    for f in found:
         for d in dirs:
             if f.startswith(d.rstrip(os.sep) + os.sep):
                 used.add(d)
                 break
     for d in used:
         with contextlib.suppress(OSError):
-            files.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".pth"))
-    return {p: _stamp(p) for p in sorted(files | used)}
+            found.update(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".pth"))
+    return {p: files.stamp(p) for p in sorted(found | used)}
 
 
-def _changed(files: dict[str, list[int] | None]) -> str | None:
-    for path, stamp in files.items():
-        if _stamp(path) != stamp:
+def _changed(stamps: dict[str, list[int] | None]) -> str | None:
+    for path, stamp in stamps.items():
+        if files.stamp(path) != stamp:
             return path
     return None
 
 
 def _warm_main(conf: dict[str, Any]) -> None:
     ready = socket.socket(fileno=z.CTL_FD)
-    sys.argv = [sys.argv[0]]
     path0 = conf["path0"]
-    sys.path[0] = path0
-    z._ignore_signals()
+    z.start(path0)
+    z.ignore_signals()
     t0 = time.monotonic()
-    torch_version = z._import_preloads(ready, list(conf["preload"]))
+    torch_version = z.import_preloads(ready, list(conf["preload"]))
     import_s = time.monotonic() - t0
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        z._send(ready, {"op": "error", "error": "CUDA was initialised while importing the preloads: a warm process "
-                      "must not hold a CUDA context (drop that module from --preload)"})
+        z.send(ready, {"op": "error", "error": "CUDA was initialised while importing the preloads: a warm process "
+                     "must not hold a CUDA context (drop that module from --preload)"})
         os._exit(1)
-    files = _imported_files(path0)
+    stamps = _imported_files(path0)
     os.chdir("/")
     gc.collect()
     gc.freeze()
@@ -118,9 +103,9 @@ def _warm_main(conf: dict[str, Any]) -> None:
     finally:
         os.umask(old)
     listen.listen(64)
-    warm = _Warm(listen, conf, files, torch_version)
-    z._send(ready, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "torch": torch_version,
-                  "modules": len(sys.modules), "files": len(files)})
+    warm = _Warm(listen, conf, stamps, torch_version)
+    z.send(ready, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "torch": torch_version,
+                 "modules": len(sys.modules), "files": len(stamps)})
     ready.close()
     warm.serve()
 
@@ -128,7 +113,7 @@ def _warm_main(conf: dict[str, Any]) -> None:
 class _Warm:
     """The warm process's loop: connections on the socket, its sessions' exits (SIGCHLD), SIGTERM, the idle time."""
 
-    def __init__(self, listen: socket.socket, conf: dict[str, Any], files: dict[str, list[int] | None],
+    def __init__(self, listen: socket.socket, conf: dict[str, Any], stamps: dict[str, list[int] | None],
                  torch_version: str | None) -> None:
         self.resource = resource
         self.listen = listen
@@ -137,7 +122,7 @@ class _Warm:
         self.idle = float(conf["idle"])
         self.path = conf["socket"]
         self.inode = os.stat(self.path).st_ino
-        self.files = files
+        self.files = stamps
         self.torch_version = torch_version
         self.me = os.getpid()
         self.started = time.time()
@@ -164,22 +149,13 @@ class _Warm:
             events = self.sel.select(timeout)
             for key, _ in events:
                 if key.data == "wake":
-                    if self._signals() & {signal.SIGTERM}:
+                    if signal.SIGTERM in z.wakeups(self.wake_r):
                         self.quit("stopped by SIGTERM")
                 else:
                     self._accept()
             self._reap()
             if not self.sessions and time.monotonic() >= self.last + self.idle:
                 self.quit(f"idle for {self.idle:.0f} s")
-
-    def _signals(self) -> set[int]:
-        seen: set[int] = set()
-        try:
-            while data := os.read(self.wake_r, 512):
-                seen.update(data)
-        except BlockingIOError:
-            pass
-        return seen
 
     def _reap(self) -> None:
         while self.sessions:
@@ -197,8 +173,7 @@ class _Warm:
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self.inode:
                 os.unlink(self.path)
-        with contextlib.suppress(OSError), open(self.path[: -len(".sock")] + ".exit", "w", encoding="utf-8") as f:
-            json.dump({"pid": self.me, "why": why, "at": time.time()}, f)
+        files.write_exit(self.path, self.me, why)
         self.log(f"exits: {why}")
         os._exit(0)
 
@@ -210,18 +185,18 @@ class _Warm:
         fds: list[int] = []
         try:
             conn.settimeout(5.0)
-            peer, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            peer, uid, _gid = files.peer(conn)
             data, fds, _flags, _addr = socket.recv_fds(conn, z.MAX_MSG, 3)  # read first: an unread close resets
             if uid != os.getuid():
                 self.log(f"refused a connection from pid {peer}: uid {uid} is not this process's ({os.getuid()})")
-                z._send(conn, {"op": "refused", "why": f"the warm process belongs to uid {os.getuid()}"})
+                z.send(conn, {"op": "refused", "why": f"the warm process belongs to uid {os.getuid()}"})
                 return
             req = json.loads(data) if data else {}
             op = req.get("op")
             if op == "status":
-                z._send(conn, self.status())
+                z.send(conn, self.status())
             elif op == "stop":
-                z._send(conn, {"op": "stopping", "pid": self.me, "sessions": sorted(self.sessions)})
+                z.send(conn, {"op": "stopping", "pid": self.me, "sessions": sorted(self.sessions)})
                 self.quit(f"stopped by `ddpboot warm stop` (pid {peer})")
             elif op == "session" and len(fds) == 3:
                 self._session(conn, req, fds, peer)
@@ -263,7 +238,7 @@ class _Warm:
     def _session(self, conn: socket.socket, req: dict[str, Any], fds: list[int], peer: int) -> None:
         why = self._stale(req)
         if why is not None:
-            z._send(conn, {"op": "stale", "why": why})
+            z.send(conn, {"op": "stale", "why": why})
             self.quit(f"stale: {why}")
         self.idle = float(req.get("idle", self.idle))
         pid = os.fork()
@@ -274,11 +249,11 @@ class _Warm:
 
     def _session_child(self, conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
         """The session: this launch's settings taken, then a zygote on the connection until the launcher closes it
-        or is gone (zygote.py's _Server ends every process below it, then exits). Never returns: nothing of a
+        or is gone (zygote.py's Server ends every process below it, then exits). Never returns: nothing of a
         session may run the warm process's own loop."""
         try:
             self._take_launch(conn, req, fds)
-            z._Server(conn, z.forked.python_start(list(req.get("ignored", [])))).serve()
+            z.Server(conn, z.forked.python_start(list(req.get("ignored", [])))).serve()
         finally:
             os._exit(0)
 
@@ -289,7 +264,7 @@ class _Warm:
             self.listen.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            z._ignore_signals()
+            z.ignore_signals()
             os.chdir(req["cwd"])
             os.umask(int(req["umask"]))
             for name, (soft, hard) in req["rlimits"].items():
@@ -305,11 +280,11 @@ class _Warm:
             conn.settimeout(None)
         except BaseException as exc:
             with contextlib.suppress(Exception):
-                z._send(conn, {"op": "stale", "why": f"it cannot take this launch's settings ({exc})"})
+                z.send(conn, {"op": "stale", "why": f"it cannot take this launch's settings ({exc})"})
             os._exit(1)
-        z._send(conn, {"op": "ready", "pid": os.getpid(), "import_s": 0.0, "threads": z._threads(),
-                     "modules": len(sys.modules), "torch": self.torch_version,
-                     "warm": {"pid": self.me, "launches": self.launches + 1, "started": self.started}})
+        z.send(conn, {"op": "ready", "pid": os.getpid(), "import_s": 0.0, "threads": z.thread_count(),
+                    "modules": len(sys.modules), "torch": self.torch_version,
+                    "warm": {"pid": self.me, "launches": self.launches + 1, "started": self.started}})
 
 
 if __name__ == "__ddpboot_zygote__":

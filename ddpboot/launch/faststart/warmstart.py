@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import fcntl
@@ -17,6 +16,7 @@ from typing import Any
 
 from ddpboot.errors import DdpbootError
 from ddpboot.launch.faststart import BOOT, FastStartError
+from ddpboot.launch.faststart.warmfiles import beside, clear_exit
 from ddpboot.launch.faststart.zygote import MAX_MSG
 
 SERVER = Path(__file__).with_name("warmserver.py")
@@ -66,11 +66,10 @@ def start(python: str, key: Mapping[str, Any], env: Mapping[str, str], preloads:
             "path0": path0, "idle": idle}
     server_env = {k: v for k, v in env.items() if k not in PER_JOB}
     argv = [python, "-u", "-c", BOOT, str(SERVER), json.dumps(conf)]
-    with contextlib.suppress(FileNotFoundError):
-        path.with_suffix(".exit").unlink()
+    clear_exit(path)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        _spawn_detached(argv, server_env, child.fileno(), path.with_suffix(".log"))
+        _spawn_detached(argv, server_env, child.fileno(), Path(beside(path, ".log")))
         child.close()
         _await_ready(parent, tick)
     finally:

@@ -16,12 +16,14 @@ a `kill -9` of the launcher leaves nothing of the ranks behind, whatever their e
 
 Control socket (fd 3, AF_UNIX SOCK_SEQPACKET, one JSON message per packet):
   zygote → launcher  {"op": "ready", "pid", "import_s", "threads", "modules", "torch"} or {"op": "error", "error"}
-  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "mems", "path0"} with the rank's
-                     stdout and stderr pipe ends as SCM_RIGHTS
+  launcher → zygote  {"op": "spawn", "id", "kind", "name", "args", "env", "cpus", "mems"} with the rank's stdout
+                     and stderr pipe ends as SCM_RIGHTS
   zygote → launcher  {"op": "started", "id", "pid"}, later {"op": "exit", "pid", "status"} (the raw wait status)
 
-In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start and runs
-the script (`forked.run_rank`).
+In each child, before the script, forked.py prepares the rank's process as a fresh `python` would start
+(`forked.prepare_rank`), and the script then runs as an exec'd rank runs it (launch/pymain.py `run_forked`).
+
+The warm process (warmserver.py) is a zygote too: it loads this file and serves each launch with `Server`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib.util
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import time
-import types
 from typing import TYPE_CHECKING, Any
 
 CTL_FD = 3  # where the launcher's spawn(pass_fd=...) puts the control socket
@@ -53,25 +54,48 @@ END_TIMEOUT = 30.0  # seconds `_end` keeps killing and reaping what is below it 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+HERE = os.path.dirname(__file__)
+
+
+def load_file(path: str, name: str) -> Any:
+    """A standard-library file of ddpboot's, loaded as a module `name` of its own (not as part of ddpboot: the ranks
+    must not carry ddpboot), as this file is run."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 if TYPE_CHECKING:
+    from ddpboot.launch import pymain
     from ddpboot.launch.faststart import forked as forked
 else:  # run from its file, as this one is: nothing of ddpboot is imported
-    forked = types.SimpleNamespace(**runpy.run_path(os.path.join(os.path.dirname(__file__), "forked.py"),
-                                                    run_name="__ddpboot_forked__"))
+    pymain = load_file(os.path.join(os.path.dirname(HERE), "pymain.py"), "__ddpboot_pymain__")
+    forked = load_file(os.path.join(HERE, "forked.py"), "__ddpboot_forked__")
 
 
-def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+def start(path0: str) -> None:
+    """What the zygote (and the warm process) does first: sys.argv its own file's alone, sys.path[0] as a rank's
+    python has it at start (none under -P), and no trace left of how it was run (runpy's cache entry for its
+    file: a rank's fresh python has none), so that the ranks inherit the start a fresh `python` has."""
+    sys.argv = [sys.argv[0]]
+    sys.path_importer_cache.pop(sys.argv[0], None)
+    pymain.set_path0(path0)
+
+
+def send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendmsg([json.dumps(msg).encode()])
 
 
-def _threads() -> int:
+def thread_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 1
 
 
-def _ignore_signals() -> None:
+def ignore_signals() -> None:
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
             continue
@@ -91,25 +115,24 @@ def _dispositions() -> dict[int, Any]:
 def main() -> None:
     ctl = socket.socket(fileno=CTL_FD)
     path0, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
-    sys.argv = [sys.argv[0]]
-    sys.path[0] = path0
+    start(path0)
     initial = _dispositions()
-    _ignore_signals()
+    ignore_signals()
     signal.signal(LAUNCHER_GONE, lambda *_: os._exit(0))  # while importing: no rank yet, nothing to end
     t0 = time.monotonic()
-    torch_version = _import_preloads(ctl, preload)
+    torch_version = import_preloads(ctl, preload)
     import_s = time.monotonic() - t0
     gc.collect()
     gc.freeze()  # what the ranks inherit stays shared: no collector pass touches (copies) the imported objects
     try:
-        _send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": _threads(),
+        send(ctl, {"op": "ready", "pid": os.getpid(), "import_s": import_s, "threads": thread_count(),
                     "modules": len(sys.modules), "torch": torch_version})
     except OSError:  # the launcher is gone
         os._exit(0)
-    _Server(ctl, initial).serve()
+    Server(ctl, initial).serve()
 
 
-def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
+def import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
     """Import torch (if installed) and the `--preload` modules; torch's version. On failure, say so and exit."""
     try:
         import importlib
@@ -125,12 +148,12 @@ def _import_preloads(ctl: socket.socket, preload: list[str]) -> str | None:
             importlib.import_module(mod)
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            _send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
+            send(ctl, {"op": "error", "error": f"{type(exc).__name__}: {exc}"})
         os._exit(1)
     return torch_version
 
 
-class _Server:
+class Server:
     """The serving loop: spawn requests from the launcher, SIGCHLD (through a wake-up pipe) for the ranks' exits, the
     launcher's end. A child subreaper: what the ranks leave running is its child, reaped here, ended by `_end`."""
 
@@ -152,20 +175,11 @@ class _Server:
         while True:
             for key, _ in self.sel.select():
                 if key.data == "wake":
-                    if LAUNCHER_GONE in self._drain_wakeups():
+                    if LAUNCHER_GONE in wakeups(self.wake_r):
                         self._end()
                 else:
                     self._request()
             self._reap()
-
-    def _drain_wakeups(self) -> set[int]:
-        seen: set[int] = set()
-        try:
-            while data := os.read(self.wake_r, 512):
-                seen.update(data)
-        except BlockingIOError:
-            pass
-        return seen
 
     def _request(self) -> None:
         try:
@@ -186,8 +200,9 @@ class _Server:
         pid = os.fork()
         if pid == 0:
             self.sel.close()
-            forked.run_rank(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)],
-                            self.initial)
+            forked.prepare_rank(req, fds[0], fds[1], self.me, [self.ctl, _Fd(self.wake_r), _Fd(self.wake_w)],
+                                self.initial, pymain.TargetKind(req["kind"]).words(req["name"], req["args"]))
+            pymain.run_forked(req["kind"], req["name"], req["args"])
         for fd in fds:
             os.close(fd)
         self.children.add(pid)
@@ -195,7 +210,7 @@ class _Server:
 
     def _tell(self, msg: dict[str, Any]) -> None:
         try:
-            _send(self.ctl, msg)
+            send(self.ctl, msg)
         except OSError:  # the launcher is gone
             self._end()
 
@@ -230,6 +245,17 @@ class _Server:
                 break  # nothing below us any more
             time.sleep(0.005)
         os._exit(0)
+
+
+def wakeups(fd: int) -> set[int]:
+    """The signals a wake-up pipe (signal.set_wakeup_fd, non-blocking) has received since it was last read."""
+    seen: set[int] = set()
+    try:
+        while data := os.read(fd, 512):
+            seen.update(data)
+    except BlockingIOError:
+        pass
+    return seen
 
 
 def _children(pid: int) -> list[int]:

@@ -97,13 +97,14 @@ def parse(text: str) -> list[Thread]:
     return threads
 
 
-_LAUNCH_FUNCTIONS = frozenset({"<module>", "<lambda>", "_ddpboot_rank", "_ddpboot_rank.<locals>.<lambda>"})
-_LAUNCH_FILES = ("/launch/faststart/zygote.py", "/launch/faststart/warmserver.py")
+_LAUNCH_FUNCTIONS = frozenset({"<module>", "<lambda>"})
+_LAUNCH_FILES = ("/launch/pymain.py", "/launch/faststart/forked.py", "/launch/faststart/zygote.py",
+                 "/launch/faststart/warmserver.py")
 
 
 def _is_launch_frame(frame: Frame) -> bool:
-    """A frame of what started the script: the rank bootstrap (`<string>`, launch/bootstrap.py) or the fast-start
-    and warm processes that forked the rank."""
+    """A frame of what started the script: the rank bootstrap's (`<string>`, launch/bootstrap.py), launch/pymain.py's
+    (how an exec'd or forked rank runs its script) or the fast-start and warm processes' that forked the rank."""
     if frame.file == "<string>":
         return frame.function in _LAUNCH_FUNCTIONS
     return frame.file.endswith(_LAUNCH_FILES)

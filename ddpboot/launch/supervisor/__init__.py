@@ -131,7 +131,8 @@ class Supervisor:
         record = RunRecord(os.getpid(), self.spec.run_id, self.workdir.resolve(), start_of(os.getpid()))
         publish(record)
         try:
-            starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console, self.spec.signals)
+            starter = choose_starter(self.fast_start, self.spec.target, self.sel, self.console, self.spec.signals,
+                                     self.spec.python)
             self.own = leftovers.children(os.getpid())
             self.procs = ProcessTable(guardian, starter, self.clock)
             if self.before_start is not None:

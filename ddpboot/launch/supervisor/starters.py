@@ -50,12 +50,13 @@ class ExecStarter:
     rank bootstrap (launch/env.py exec_command). Each starts with the forwarded `signals` at their default
     disposition."""
 
-    def __init__(self, kind: str = "binary", signals: Sequence[int] = ()) -> None:
-        self.kind = kind  # the target's kind (launch/spec.py Target)
+    def __init__(self, target: Target, python: str, signals: Sequence[int] = ()) -> None:
+        self.target = target
+        self.python = python
         self.signals = tuple(signals)
 
     def start(self, worker: Worker, stdout: int, stderr: int) -> int:
-        argv, env = exec_command(self.kind, worker.argv, worker.env)
+        argv, env = exec_command(self.target, self.python, worker.slot.local_rank, worker.env)
         return spawn(argv, env, stdout, stderr, cpus=worker.slot.cpus, mem_nodes=worker.slot.mem_nodes,
                      reset_signals=self.signals)
 
@@ -118,18 +119,19 @@ class FastStartStarter:
 
 def choose_starter(
     fast_start: FastStartProcess | None, target: Target, sel: selectors.BaseSelector, console: Console,
-    signals: Sequence[int] = (),
+    signals: Sequence[int] = (), python: str = "",
 ) -> Starter:
     """The zygote once it is ready (its imports overlapped the launcher's own start-up and the nodes' check-in);
     exec when there is none or it cannot start, and then the message says why. `signals`: those the launcher
-    forwards, which an exec'd rank starts with at their defaults (the zygote was started so, launch/runner.py)."""
+    forwards, which an exec'd rank starts with at their defaults (the zygote was started so, launch/runner.py);
+    `python`: the interpreter an exec'd Python rank runs."""
     if fast_start is None:
-        return ExecStarter(target.kind, signals)
+        return ExecStarter(target, python, signals)
     try:
         info = fast_start.wait_ready()
     except FastStartError as exc:
         console.message(f"ddpboot: fast start unavailable: {exc}; starting every rank with exec instead")
-        return ExecStarter(target.kind, signals)
+        return ExecStarter(target, python, signals)
     if os.environ.get("DDPBOOT_DEBUG"):
         console.message(f"ddpboot: fast start: zygote pid {info['pid']} imported torch {info['torch']} in "
                         f"{info['import_s']:.2f} s ({info['modules']} modules, {info['threads']} threads)")

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddpboot.launch.bootstrap import BOOTSTRAP_VAR, CODE, LAUNCH, rank_command
+from ddpboot.launch.bootstrap import BOOTSTRAP_VAR, LAUNCH, bootstrap, rank_command
 from ddpboot.launch.env import (
-    RUN_PATH_CODE,
     EnvContext,
     exec_command,
     substitute_local_rank,
     worker_argv,
     worker_vars,
 )
+from ddpboot.launch.pymain import RUN_PATH_CODE, TargetKind
 from ddpboot.launch.spec import Target
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
@@ -116,7 +116,7 @@ def test_a_python_rank_is_execd_through_the_bootstrap_with_its_own_words(kind: s
     py = "/opt/py/bin/python3"
     target = Target(kind, "t.py" if kind != "module" else "pkg.t", ("-m", "-u", "${local_rank}", "-c"))  # type: ignore[arg-type]
     shown = worker_argv(target, py, 3)
-    got, env = exec_command(kind, shown, {"HOME": "/h"})
+    got, env = exec_command(target, py, 3, {"HOME": "/h"})
     if kind == "binary":
         assert got == shown == ["t.py", "-m", "-u", "3", "-c"] and env == {"HOME": "/h"}
         return
@@ -124,7 +124,7 @@ def test_a_python_rank_is_execd_through_the_bootstrap_with_its_own_words(kind: s
                           {"HOME": "/h", **rank_command(py, kind, target.name, [])[1]})
     words = ["-m", "pkg.t"] if kind == "module" else ["t.py"]
     assert got == [py, "-u", "-c", LAUNCH, *words, "-m", "-u", "3", "-c"]  # the words python would be given
-    assert env[BOOTSTRAP_VAR] == f"{CODE}_ddpboot_rank({kind!r})\n"
+    assert env[BOOTSTRAP_VAR] == bootstrap(TargetKind(kind))
 
 
 def test_a_ranks_command_line_is_short_and_names_the_script() -> None:

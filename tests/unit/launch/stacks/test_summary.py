@@ -80,9 +80,10 @@ Thread 7 (idle): "MainThread"
     <module> (/jobs/job.py:9)
     _run_code (<frozen runpy>:88)
     _run_module_as_main (<frozen runpy>:198)
-    _ddpboot_rank.<locals>.<lambda> (<string>:30)
-    _ddpboot_rank (<string>:71)
-    <module> (<string>:87)
+    <lambda> (/venv/lib/python3.11/site-packages/ddpboot/launch/pymain.py:158)
+    run_execd (/venv/lib/python3.11/site-packages/ddpboot/launch/pymain.py:211)
+    <lambda> (<string>:2)
+    <module> (<string>:2)
     <module> (<string>:1)
 Thread 9 (idle): "worker"
     wait (/usr/lib/python3.11/threading.py:320)
@@ -93,7 +94,7 @@ def test_the_frames_that_started_the_rank_are_left_out_of_its_stack() -> None:
     """Below the script: the bootstrap's frames go, python's own runpy frames of -m stay; a `<string>` frame of the
     script's own (an exec) above them stays too; the fast-start process's frames go."""
     shown = without_launch_frames(BOOTSTRAPPED)
-    assert "_ddpboot_rank" not in shown and "(<string>:1)" not in shown and "(<string>:87)" not in shown
+    assert "pymain.py" not in shown and "(<string>:1)" not in shown and "(<string>:2)" not in shown
     assert "    <module> (<string>:3)\n" in shown and "_run_module_as_main (<frozen runpy>:198)\n" in shown
     assert shown.endswith('Thread 9 (idle): "worker"\n    wait (/usr/lib/python3.11/threading.py:320)')
     assert "zygote.py" not in without_launch_frames(FAULTHANDLER_RECV)

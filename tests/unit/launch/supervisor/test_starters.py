@@ -126,10 +126,9 @@ def test_the_zygotes_reports_are_the_ranks_exits(sock: socket.socket, said: Said
 def test_exec_starts_the_workers_own_command(tmp_path: Path) -> None:
     out = tmp_path / "out"
     w = worker(cpus=())
-    w.argv = ["/bin/sh", "-c", "echo started $RANK"]
     fd = os.open(out, os.O_WRONLY | os.O_CREAT)
     try:
-        pid = ExecStarter().start(w, fd, fd)
+        pid = ExecStarter(Target("binary", "/bin/sh", ("-c", "echo started $RANK")), "").start(w, fd, fd)
     finally:
         os.close(fd)
     _, status = os.waitpid(pid, 0)

@@ -1,9 +1,10 @@
-"""The pytest process's side of warm ranks: start the warm process (server.py) once per session, ask it to run one
+"""The pytest process's side of warm ranks: start the session server (server.py) once per session, ask it to run one
 test's job, and wait for the answer within the test's deadline. Standard library only (the pytest process never
-imports torch or the launcher).
+imports torch or the launcher). Its messages call it "the warm process", as the plugin's users know it; it is not
+`ddpboot --warm`'s (launch/faststart/warmserver.py).
 
-If the warm process cannot run a job in time (a launcher that does not end), the test launcher gets SIGTERM, then
-the warm process is killed (its zygote, the ranks and the launcher die with it) and the next test starts a new one.
+If the session server cannot run a job in time (a launcher that does not end), the test launcher gets SIGTERM, then
+the server is killed (its zygote, the ranks and the launcher die with it) and the next test starts a new one.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from ddpboot.testing.job import PRELOAD_VAR
 
 STOP_AFTER = 1.0  # seconds after the test's timeout (when every rank dumps its stack) before the launcher is stopped
 GRACE = 15.0  # seconds a stopped launcher gets to end its ranks and report
-START_TIMEOUT = 300.0  # seconds the warm process may take to import torch and the test files
+START_TIMEOUT = 300.0  # seconds the session server may take to import torch and the test files
 
 
-class WarmError(Exception):
-    """The warm process could not start or died; the message says why (its log's tail)."""
+class SessionServerError(Exception):
+    """The session server could not start or died; the message says why (its log's tail)."""
 
 
-class WarmLauncher:
+class SessionServer:
+    """The pytest process's handle of its session server: start it, run one test's job in it, end it."""
+
     def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.proc = proc
         self.log = log
@@ -39,8 +42,8 @@ class WarmLauncher:
         self._ready = False
 
     @classmethod
-    def start(cls, modules: list[tuple[str, str]], log: Path) -> WarmLauncher:
-        """Start the warm process; it imports torch and `modules` ((name, path) of test files) in the background."""
+    def start(cls, modules: list[tuple[str, str]], log: Path) -> SessionServer:
+        """Start the session server; it imports torch and `modules` ((name, path) of test files) in the background."""
         env = {**os.environ, PRELOAD_VAR: json.dumps({"sys_path": sys.path, "modules": modules})}
         with log.open("ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "ddpboot.testing.server"], stdin=subprocess.PIPE,
@@ -48,7 +51,7 @@ class WarmLauncher:
         return cls(proc, log)
 
     def _line(self, deadline: float) -> dict[str, Any] | None:
-        """The next message, or None at the deadline; raises WarmError when the warm process has gone."""
+        """The next message, or None at the deadline; raises SessionServerError when the server has gone."""
         out = self.proc.stdout
         assert out is not None
         while b"\n" not in self._buffer:
@@ -57,7 +60,7 @@ class WarmLauncher:
                 return None
             data = os.read(out.fileno(), 65536)
             if not data:
-                raise WarmError(f"the warm process exited; its log ends:\n{self._log_tail()}")
+                raise SessionServerError(f"the warm process exited; its log ends:\n{self._log_tail()}")
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
         msg: dict[str, Any] = json.loads(line)
@@ -73,7 +76,7 @@ class WarmLauncher:
             return
         msg = self._line(time.monotonic() + START_TIMEOUT)
         if msg is None or msg.get("op") != "ready":
-            raise WarmError(f"the warm process is not ready: {msg and msg.get('error')}\n{self._log_tail()}")
+            raise SessionServerError(f"the warm process is not ready: {msg and msg.get('error')}\n{self._log_tail()}")
         self._ready = True
 
     def run(self, nproc: int, gpu: bool, results: Path, timeout: float) -> int | None:
@@ -101,7 +104,7 @@ class WarmLauncher:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        """End the warm process: EOF first (it lets its zygote go), then SIGKILL if it lingers."""
+        """End the session server: EOF first (it lets its zygote go), then SIGKILL if it lingers."""
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -119,4 +122,4 @@ def _write(stream: IO[bytes], text: str) -> None:
         stream.write(text.encode())
         stream.flush()
     except (BrokenPipeError, OSError) as exc:
-        raise WarmError(f"the warm process is gone ({exc})") from None
+        raise SessionServerError(f"the warm process is gone ({exc})") from None
