@@ -18,7 +18,7 @@ from typing import Any
 
 from ddpboot.cli.output import escape
 from ddpboot.cli.render import Column, fit_columns
-from ddpboot.launch.procs.procstat import read_stat
+from ddpboot.procfs import read_stat
 
 MIN_PROGRESS = 16  # the progress column's least width; the other columns give way to it below this
 

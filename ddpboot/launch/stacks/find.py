@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ddpboot.contract import STACKS_SIGNAL, STACKS_VAR
 from ddpboot.errors import UsageError
-from ddpboot.launch.procs.procstat import is_process, read_stat, signal_if_same
+from ddpboot.launch.procs.procstat import is_process, signal_if_same
+from ddpboot.procfs import environ_values, read_stat
 
 RECORD = "launcher.json"
 STATUS = "status.json"  # launch/status.py's file, which goes with the record
@@ -102,21 +103,7 @@ def no_longer_running(run_dir: Path, record: RunRecord | None) -> UsageError:
 
 def stacks_paths() -> set[Path]:
     """The stacks files (STACKS_VAR) of this user's running ranks, from /proc/PID/environ."""
-    key = STACKS_VAR.encode() + b"="
-    out = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if proc.stat().st_uid != os.getuid():
-                continue
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(key):
-                out.add(Path(item[len(key):].decode(errors="replace").partition(":")[2]))
-    return out
+    return {Path(value.partition(":")[2]) for value in environ_values(STACKS_VAR, os.getuid()).values()}
 
 
 def running() -> list[RunRecord]:

@@ -23,7 +23,6 @@ from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
-from ddpboot.launch.procs.procstat import read_stat
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
 from ddpboot.launch.spec import GPU_WATCH_EXIT, EndJob
@@ -32,6 +31,7 @@ from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpSt
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, exit_code_of
+from ddpboot.procfs import read_stat
 
 SIGNALS_KEY = "signals"  # the selector's data for the signalfd
 PIPE_KEY = "pipe"  # ... for a worker's stdout/stderr pipe
