@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpboot.launch.procs.procstat import start_of
-from ddpboot.launch.stacks.find import STATUS, write_whole
+from ddpboot.launch.rundir import RunPaths, write_whole
 
 if TYPE_CHECKING:
     from ddpboot.launch.supervisor.workers import Worker
@@ -57,7 +57,7 @@ class RunStatus:
 
     def __init__(self, run_dir: Path, run_id: str, node_rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        self.path = run_dir / STATUS
+        self.path = RunPaths(run_dir).status
         self.head: dict[str, Any] = {"version": VERSION, "pid": os.getpid(), "start": start_of(os.getpid()),
                                      "run_id": run_id, "node_rank": node_rank, "host": socket.gethostname(),
                                      "attempt": 0, "world_size": world_size}
@@ -152,7 +152,7 @@ class RunStatus:
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     """The status file of the launcher of `run_dir` as published (None: none, or not this version's)."""
     try:
-        data = json.loads((run_dir / STATUS).read_text(encoding="utf-8"))
+        data = json.loads(RunPaths(run_dir).status.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("version") == VERSION else None

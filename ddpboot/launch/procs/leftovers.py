@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import select
 import signal
 import time
@@ -39,9 +38,8 @@ from typing import Protocol
 
 from ddpboot.contract import ERROR_FILE_VAR
 from ddpboot.launch.procs.procstat import is_process, open_process
+from ddpboot.launch.rundir import rank_of_error_file
 from ddpboot.procfs import PROC, cmdline, environ_value, owner, pids, read_stat
-
-_RANK_FILE = re.compile(r"rank(\d+)\.error\.json$")
 
 
 @dataclass(frozen=True)
@@ -133,8 +131,7 @@ def leftovers(
 
 def rank_of(p: Proc) -> int | None:
     """The rank whose environment the process inherited (its error file's name), when it has one."""
-    m = _RANK_FILE.search(p.error_file or "")
-    return int(m.group(1)) if m else None
+    return rank_of_error_file(p.error_file or "")
 
 
 def _short(cmd: str, width: int = 72) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.rundir import RunPaths, write_whole
 from ddpboot.launch.stacks.behind import Finding, combined
 from ddpboot.launch.stacks.behind import judge as judge_flight
 from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
-from ddpboot.launch.stacks.find import write_whole
 from ddpboot.launch.stacks.flight import Flight, merge, read_dir
 from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
 from ddpboot.launch.stacks.summary import classify, main_frames, parse, without_launch_frames
@@ -143,19 +143,11 @@ def left_at(rank: int, code: int, ago: float, now: float | None = None) -> Left:
     return Left(rank, code, time.strftime("%H:%M:%S", time.localtime((now or time.time()) - ago)), ago)
 
 
-def next_paths(run_dir: Path) -> tuple[Path, Path]:
-    """The next stacks-N.txt and stacks-N.json in the run directory."""
-    n = 1
-    while (run_dir / f"stacks-{n}.json").exists() or (run_dir / f"stacks-{n}.txt").exists():
-        n += 1
-    return run_dir / f"stacks-{n}.txt", run_dir / f"stacks-{n}.json"
-
-
 def write(dump: Dump, run_dir: Path, say: Callable[[str], None], kept: bool = True) -> Path | None:
     """Print the dump and write its files; the text file's path (None when the directory cannot be written).
     `kept`: the run directory stays after the run (--log-dir); a temporary one goes when the launcher exits, and
     the line that names the file says so."""
-    text_path, json_path = next_paths(run_dir)
+    text_path, json_path = RunPaths(run_dir).next_dump()
     text = dump.text()
     try:
         text_path.write_text(text + "\n", encoding="utf-8")

@@ -28,6 +28,7 @@ from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardia
 from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd, signal_label
 from ddpboot.launch.procs.spawn import become_subreaper
+from ddpboot.launch.rundir import RunPaths
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
 from ddpboot.launch.stacks import dump as stack_dump
 from ddpboot.launch.stacks.collect import RankTarget
@@ -93,6 +94,7 @@ class Supervisor:
         # Absolute: the ranks' TORCHELASTIC_ERROR_FILE (and so the job's mark, procs/leftovers.py) must name this
         # job's directory, not `logs/RUN_ID` that another job started elsewhere with the same --log-dir may share.
         self.workdir = run_dir.path.absolute()
+        self.paths = RunPaths(self.workdir)
         self.temporary = run_dir.temporary
         self.console = console or Console()
         self.clock = clock
@@ -173,7 +175,7 @@ class Supervisor:
             outcome = AttemptOutcome(attempt, result.code, result.stop_signal is not None, result.restart_reason,
                                      procs.guardian_code is not None)
             if result.root is not None and result.restart_reason is None:
-                logs = None if self.temporary else self.workdir / f"attempt_{attempt}"
+                logs = None if self.temporary else self.paths.attempt(attempt).root
                 self.console.message(failure_summary(result, attempt, self.spec.max_restarts, logs))
             if after_attempt(outcome, self.attempts) == "finish":
                 break
@@ -233,9 +235,9 @@ class Supervisor:
     # --- one attempt -------------------------------------------------------------------------------
 
     def _attempt(self, procs: ProcessTable, sigfd: SignalFd, attempt: int) -> AttemptResult:
-        attempt_dir = self.workdir / f"attempt_{attempt}"
-        self.spec.log_mode.make_dir(attempt_dir, exist_ok=True)
-        workers = make_workers(self.setup, attempt, attempt_dir)
+        paths = self.paths.attempt(attempt)
+        self.spec.log_mode.make_dir(paths.root, exist_ok=True)
+        workers = make_workers(self.setup, attempt, paths)
         procs.workers = workers
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from ddpboot.launch.logs import RankStream
+from ddpboot.launch.rundir import RunPaths
 from ddpboot.launch.spec import Std
-from ddpboot.launch.status import STATUS, WRITE_INTERVAL, RunStatus, read_status
+from ddpboot.launch.status import WRITE_INTERVAL, RunStatus, read_status
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.gpu import GPU
 from ddpboot.selection.planner import RankSlot
@@ -109,12 +110,12 @@ def test_the_file_is_whole_and_removed_at_the_end_and_a_foreign_one_is_not_read(
     clock = Clock()
     st = status(tmp_path, clock)
     st.update([worker(0, 10)])
-    assert [p.name for p in tmp_path.iterdir()] == [STATUS]  # no partial file left beside it
+    assert [p.name for p in tmp_path.iterdir()] == [RunPaths.STATUS]  # no partial file left beside it
     st.remove()
     assert read_status(tmp_path) is None
-    (tmp_path / STATUS).write_text(json.dumps({"version": 99}))
+    (tmp_path / RunPaths.STATUS).write_text(json.dumps({"version": 99}))
     assert read_status(tmp_path) is None
-    (tmp_path / STATUS).write_text("{cut")
+    (tmp_path / RunPaths.STATUS).write_text("{cut")
     assert read_status(tmp_path) is None
 
 
