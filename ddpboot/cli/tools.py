@@ -203,7 +203,7 @@ def stacks_cmd(
     """Print every rank's current Python stack, with one line per rank naming the collective, barrier or
     destroy_process_group it waits in, and a verdict naming the rank to look at. The launcher collects them
     (py-spy, or the ranks' faulthandler) when sent SIGUSR2, and keeps a copy in its run directory."""
-    from ddpboot.launch.stacks.find import find, request_dump
+    from ddpboot.launch.observe.stacks.find import find, request_dump
 
     if timeout <= 0:
         raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
@@ -240,7 +240,7 @@ def top_cmd(
     import time
 
     from ddpboot.cli import top
-    from ddpboot.launch.stacks.find import find
+    from ddpboot.launch.observe.stacks.find import find
 
     if not 0 < interval <= 3600:
         raise UsageError(f"--interval {interval:g}: give the seconds between two refreshes, above 0 (e.g. 1 or 0.5).")

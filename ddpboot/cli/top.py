@@ -1,4 +1,4 @@
-"""`ddpboot top`'s table: one row per rank of a running job, from its launcher's status file (launch/status.py) and
+"""`ddpboot top`'s table: one row per rank of a running job, from its launcher's status file (observe/status.py) and
 readings of the ranks' processes (/proc) and GPUs (NVML, or DDPBOOT_FAKE_GPUS).
 
 `build_rows` is pure (a status, process readings, GPU readings and the time in, rows out) and `render` turns rows
@@ -248,7 +248,7 @@ class GpuReader:
         self.failed: str | None = None
 
     def read(self, status: Mapping[str, Any]) -> GpuReadings:
-        from ddpboot.launch.gpuwatch import RankGpus, owners
+        from ddpboot.launch.observe.gpuwatch import RankGpus, owners
         from ddpboot.launch.procs import leftovers
         from ddpboot.selection.activity import GpuReader
         from ddpboot.selection.inventory import load_inventory
@@ -292,7 +292,7 @@ def _readings(status: Mapping[str, Any]) -> dict[int, ProcReading | None]:
 def await_status(run_dir: Path, alive: Callable[[], bool], timeout: float) -> dict[str, Any] | None:
     """The launcher's status file: written at its first wake-up after the ranks start, so a job found by its ranks
     has one at once, or within `timeout` while `alive()` (its launcher runs); None: it ended, or predates it."""
-    from ddpboot.launch.status import read_status
+    from ddpboot.launch.observe.status import read_status
 
     deadline = time.monotonic() + timeout
     while (status := read_status(run_dir)) is None and alive() and time.monotonic() < deadline:
@@ -377,7 +377,7 @@ def watch(run_dir: Path, alive: Callable[[], bool], status: dict[str, Any], inte
     from rich.live import Live
 
     from ddpboot.cli.output import console
-    from ddpboot.launch.status import read_status
+    from ddpboot.launch.observe.status import read_status
 
     con = console()
     sampler = Sampler(env)

@@ -21,8 +21,12 @@ from collections.abc import Callable, Hashable, Mapping
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark, stacks_file
 from ddpboot.launch.faststart import FastStartProcess
-from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console
+from ddpboot.launch.observe.gpuwatch import GpuWatch
+from ddpboot.launch.observe.stacks import dump as stack_dump
+from ddpboot.launch.observe.stacks.collect import RankTarget
+from ddpboot.launch.observe.stacks.find import RunRecord, publish, unpublish
+from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.procstat import start_of
@@ -30,10 +34,6 @@ from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd, signal_label
 from ddpboot.launch.procs.spawn import become_subreaper
 from ddpboot.launch.rundir import RunPaths
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
-from ddpboot.launch.stacks import dump as stack_dump
-from ddpboot.launch.stacks.collect import RankTarget
-from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
-from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
 from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable, RankStartError
 from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus

@@ -18,9 +18,9 @@ waits up to EXITING_GRACE seconds (at most the shutdown timeout) for the leaving
 When every rank has exited, processes left in a worker's group (a daemon, a data-loader worker) get LINGER seconds
 to go on their own, then SIGTERM and, after the shutdown timeout, SIGKILL, as torchrun stops its groups at the end.
 
-Stack dumps (DumpStacks; ddpboot/launch/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
+Stack dumps (DumpStacks; launch/observe/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
 get SIGKILL (not after a second SIGINT: that kills at once, and says so); on SLURM's SIGTERM; and with
-`--stall-timeout`, when no rank made progress for that long. Progress (progress.py's StallWatch) is any output from
+`--stall-timeout`, when no rank made progress for that long. Progress (observe/stall.py's StallWatch) is any output from
 a rank, a rank exiting, or a rank using at least BUSY of a core since the last sample: a long, quiet step computes,
 a rank waiting for a peer in gloo sleeps in the kernel.
 """
@@ -33,9 +33,9 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ddpboot.launch.observe.stall import StallWatch
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalInfo, signal_label
 from ddpboot.launch.spec import EndJob
-from ddpboot.launch.supervisor.progress import StallWatch
 
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
 LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own once every rank has exited
@@ -66,7 +66,7 @@ class ReportStuck:
 
 @dataclass(frozen=True)
 class DumpStacks:
-    """Dump every running rank's stack (ddpboot/launch/stacks/), saying why."""
+    """Dump every running rank's stack (ddpboot/launch/observe/stacks/), saying why."""
 
     reason: str
 

@@ -19,14 +19,14 @@ import signal
 from collections.abc import Callable, Hashable, Sequence
 
 from ddpboot.errors import DdpbootError
-from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console, RankStream
+from ddpboot.launch.observe.gpuwatch import GpuWatch
+from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
 from ddpboot.launch.spec import GPU_WATCH_EXIT, EndJob
-from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
@@ -185,12 +185,12 @@ class AttemptLoop:
         self.decisions = decisions
         self.watch = watch
         self.pipes: dict[int, RankStream] = {}
-        self.dump = dump  # dumps every running rank's stack (ddpboot/launch/stacks/), saying why
+        self.dump = dump  # dumps every running rank's stack (ddpboot/launch/observe/stacks/), saying why
         self.snapshot = snapshot  # the running ranks' stacks as a fingerprint, quietly (None: not all were read)
         self.output_bytes = 0  # everything the ranks wrote: progress, for --stall-timeout
         self.gpu_watch = gpu_watch if gpu_watch is not None and gpu_watch.active else None
         self.gpu_due = self.clock() + (gpu_watch.interval if gpu_watch is not None else 0.0)
-        self.status = status  # the run directory's status file, for `ddpboot top` (launch/status.py)
+        self.status = status  # the run directory's status file, for `ddpboot top` (launch/observe/status.py)
         self.failed = failed  # told the root cause once it is chosen (nodes/watch.py: the other nodes learn it)
 
     @property

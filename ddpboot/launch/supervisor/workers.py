@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.observe.stacks.collect import CPU
 from ddpboot.launch.rundir import AttemptPaths
 from ddpboot.launch.spec import LaunchSpec, Std
-from ddpboot.launch.stacks.collect import CPU
 from ddpboot.selection.planner import Plan, RankSlot
 from ddpboot.units import short_uuid
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from ddpboot.launch.logs import RankStream
+from ddpboot.launch.observe.status import WRITE_INTERVAL, RunStatus, read_status
 from ddpboot.launch.rundir import RunPaths
 from ddpboot.launch.spec import Std
-from ddpboot.launch.status import WRITE_INTERVAL, RunStatus, read_status
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.gpu import GPU
 from ddpboot.selection.planner import RankSlot

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.gpuwatch import RankGpus, findings, health_findings, owners
+from ddpboot.launch.observe.gpuwatch import RankGpus, findings, health_findings, owners
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import WatchMode, parse_watch_mode
 from ddpboot.selection.activity import GpuHealth, GpuProcess

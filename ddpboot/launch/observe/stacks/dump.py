@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.observe.stacks.behind import Finding, combined
+from ddpboot.launch.observe.stacks.behind import judge as judge_flight
+from ddpboot.launch.observe.stacks.collect import CPU, RankStack, RankTarget, collect
+from ddpboot.launch.observe.stacks.flight import Flight, merge, read_dir
+from ddpboot.launch.observe.stacks.gather import FRESH, NodeReport, gather, publish
+from ddpboot.launch.observe.stacks.summary import classify, main_frames, parse, without_launch_frames
+from ddpboot.launch.observe.stacks.verdict import Left, Seen, Verdict, judge
 from ddpboot.launch.rundir import RunPaths, write_whole
-from ddpboot.launch.stacks.behind import Finding, combined
-from ddpboot.launch.stacks.behind import judge as judge_flight
-from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
-from ddpboot.launch.stacks.flight import Flight, merge, read_dir
-from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
-from ddpboot.launch.stacks.summary import classify, main_frames, parse, without_launch_frames
-from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
 
 VERDICT_PREFIX = "ddpboot: verdict: "
 

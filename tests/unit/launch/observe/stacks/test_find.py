@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.observe.stacks import find as finder
+from ddpboot.launch.observe.stacks.find import RunRecord, find, publish, request_dump, unpublish
 from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.rundir import RunPaths
-from ddpboot.launch.stacks import find as finder
-from ddpboot.launch.stacks.find import RunRecord, find, publish, request_dump, unpublish
 
 ME = start_of(os.getpid())
 
