@@ -1,11 +1,12 @@
 """The job's status for `ddpboot top`: a small JSON file in the run directory, rewritten while the job runs.
 
 What another process cannot read from /proc is published here: which pid is which rank, when each rank last wrote
-output, the last state of its progress bar, how it ended (the launcher reaps it), and the GPU watch's warnings. The
-attempt loop tells a RunStatus about output (`output`, one dict store) and asks it to `update` after each wake-up;
-the file is rewritten (write beside and rename: a reader finds it whole) only when something changed, and at most
-once per WRITE_INTERVAL seconds; a change held back makes the loop wake when it is due (`wait_time`), so the file
-is never more than an interval behind. Removed when the launcher ends, as its record (`launcher.json`) is.
+output, the last state of its progress bar, how it ended (the launcher reaps it), and the GPU watch's warnings. One
+RunStatus serves every attempt of the launcher; as each attempt's observer (the last of the list: it publishes what
+the others changed) it hears of output (`on_output`, one dict store) and exits, and looks after each wake-up
+(`on_wake`); the file is rewritten (write beside and rename: a reader finds it whole) only when something changed,
+and at most once per WRITE_INTERVAL seconds; a change held back makes the loop wake when it is due (`due`), so the
+file is never more than an interval behind. Removed when the launcher ends, as its record (`launcher.json`) is.
 A start time (clock ticks since boot, /proc/PID/stat) beside each pid names the process: after a `kill -9` the file
 stays, and its pids may name other processes by the time someone reads it (procstat.is_process).
 
@@ -29,13 +30,11 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running
 from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.rundir import RunPaths, write_whole
-
-if TYPE_CHECKING:
-    from ddpboot.launch.supervisor.workers import Worker
 
 VERSION = 1
 WRITE_INTERVAL = 1.0  # seconds between two writes at most
@@ -43,7 +42,7 @@ MAX_WARNINGS = 50  # the file stays small whatever the watch says
 MAX_BAR = 200  # characters of a bar kept
 
 
-def _bar(w: Worker) -> str | None:
+def _bar(w: Rank) -> str | None:
     """The worker's progress bar being drawn now (stderr's first: tqdm's), as text."""
     for stream in (w.err, w.out):
         if stream.bar is not None:
@@ -51,7 +50,7 @@ def _bar(w: Worker) -> str | None:
     return None
 
 
-class RunStatus:
+class RunStatus(Observer):
     """The status file of one launcher (one Supervisor: a job, or an elastic round). `clock` paces the writes
     (the loop's monotonic clock); `wall` stamps what is published, as another process reads it."""
 
@@ -66,62 +65,58 @@ class RunStatus:
         self.last_output: dict[int, float] = {}  # rank → wall time
         self.bars: dict[int, str] = {}  # rank → the last bar seen at a write
         self.warnings: list[str] = []
-        self.changes = 0  # output and warnings since the start: part of what says "changed"
-        self.written: object = None  # the key of the last write
+        self.changed = False  # since the last write: output, an exit, a warning, a new attempt
         self.next_write = -float("inf")
-        self.pending = False
         self.writes = 0
         self.broken = False  # the run directory cannot be written: stop trying
+
+    @classmethod
+    def start(cls, job: Job) -> RunStatus:
+        """The attempt's observer: the launcher's one status file (`job.status`), its ranks starting over."""
+        assert isinstance(job.status, RunStatus)
+        job.status.begin(job.attempt)
+        return job.status
 
     def begin(self, attempt: int) -> None:
         """A new attempt: its ranks start over."""
         self.head["attempt"] = attempt
         self.last_output.clear()
         self.bars.clear()
-        self.changes += 1
-        self.pending = True  # the first write comes at the loop's first wake-up, whatever the ranks do
+        self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
 
-    def output(self, rank: int) -> None:
+    def on_output(self, rank: int, data: bytes) -> None:
         """`rank` wrote something just now (called for every piece read from its pipes: keep it cheap)."""
         self.last_output[rank] = self.wall()
-        self.changes += 1
+        self.changed = True
+
+    def on_exit(self, worker: Rank) -> None:
+        self.changed = True
 
     def warn(self, text: str) -> None:
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(text)
-            self.changes += 1
+            self.changed = True
 
-    def saying(self, say: Callable[[str], None]) -> Callable[[str], None]:
-        """`say`, and the message kept as a warning (for the GPU watch, whose messages the console shows)."""
-        def both(text: str) -> None:
-            say(text)
-            self.warn(text)
-        return both
+    def due(self, now: float) -> float | None:
+        """When a change held back may be written (None: nothing to write)."""
+        return self.next_write if self.changed and not self.broken else None
 
-    def update(self, workers: Sequence[Worker]) -> None:
-        """Write the file if something changed since the last write and the interval allows it; otherwise remember
-        that a write is pending (`wait_time`)."""
-        if self.broken:
-            return
-        key = (self.changes, tuple((w.pid, w.status) for w in workers))
-        if key == self.written:
-            self.pending = False
+    def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
+        self.update(running.workers)
+        return ()
+
+    def update(self, workers: Sequence[Rank]) -> None:
+        """Write the file if something changed since the last write and the interval allows it (otherwise `due`
+        says when)."""
+        if self.broken or not self.changed:
             return
         now = self.clock()
         if now < self.next_write:
-            self.pending = True
             return
         self._write(workers)
-        self.written, self.next_write, self.pending = key, now + WRITE_INTERVAL, False
+        self.next_write, self.changed = now + WRITE_INTERVAL, False
 
-    def wait_time(self, timeout: float | None) -> float | None:
-        """`timeout` (None: no limit), shortened to when a held-back write is due."""
-        if not self.pending or self.broken:
-            return timeout
-        due = max(self.next_write - self.clock(), 0.0)
-        return due if timeout is None else min(timeout, due)
-
-    def snapshot(self, workers: Sequence[Worker]) -> dict[str, Any]:
+    def snapshot(self, workers: Sequence[Rank]) -> dict[str, Any]:
         ranks = []
         for w in workers:
             bar = _bar(w)
@@ -137,7 +132,7 @@ class RunStatus:
             })
         return {**self.head, "updated": self.wall(), "ranks": ranks, "warnings": list(self.warnings)}
 
-    def _write(self, workers: Sequence[Worker]) -> None:
+    def _write(self, workers: Sequence[Rank]) -> None:
         try:
             write_whole(self.path, json.dumps(self.snapshot(workers)) + "\n")
             self.writes += 1

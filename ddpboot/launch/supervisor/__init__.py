@@ -4,7 +4,8 @@ first failure, restarts it if asked, and returns the job's exit code.
 The parts: workers.py (each worker's command, environment and output routing), starters.py (fork + exec, or the
 fast-start zygote), decisions.py (the pure rules: fail-fast, the shutdown timeout, the root cause, signals),
 loop.py (the selectors loop that feeds them events and carries out their actions), report.py (what the user is
-told). This module runs the job: the guardian, the signalfd, the attempts and the restarts between them.
+told); what watches the attempt while it runs is launch/observe/. This module runs the job: the guardian, the
+signalfd, the attempts and the restarts between them.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 
-from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark, stacks_file
+from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark
+from ddpboot.launch import observe
 from ddpboot.launch.faststart import FastStartProcess
 from ddpboot.launch.logs import Console
-from ddpboot.launch.observe.gpuwatch import GpuWatch
-from ddpboot.launch.observe.stacks import dump as stack_dump
-from ddpboot.launch.observe.stacks.collect import RankTarget
 from ddpboot.launch.observe.stacks.find import RunRecord, publish, unpublish
 from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.procs import leftovers
@@ -42,7 +41,6 @@ from ddpboot.launch.supervisor.workers import (
     AttemptResult,
     AttemptSetup,
     Worker,
-    describe_gpus,
     describe_status,
     make_workers,
 )
@@ -103,11 +101,9 @@ class Supervisor:
         self.setup = AttemptSetup(spec, plan, dict(env), spec.master_port or int(listener.getsockname()[1]),
                                   self.console, with_files=not run_dir.temporary)
         self.before_start = before_start
-        self.watch = watch.check if watch is not None else None
-        self.failed = watch.failed if watch is not None else None
+        self.watch = watch  # asked while the ranks run (observe/watch.py)
         self.after_job = after_job  # (code, last result, say) → the job's code: the other nodes' verdict
-        self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
-                             watch.interval if watch is not None else None, spec.stall_timeout)
+        self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval)
         self.result: AttemptResult | None = None  # the last attempt's
         self.fast_start = fast_start  # ranks forked by the fast-start process (launch/faststart/); None: exec
         self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
@@ -242,39 +238,14 @@ class Supervisor:
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,
                                      lambda i: exit_mark_time(workers[i]))
-        self.status.begin(attempt)
-        gpu_watch = GpuWatch(self.spec.gpu_watch, self.plan, self.setup.base_env, self.workdir,
-                             self.status.saying(self.console.message), self.spec.gpu_watch_interval)
+        job = observe.Job(attempt, self.spec, self.plan, self.paths, self.temporary, self.setup.base_env,
+                          self.setup.port, self.console.message, self.clock, self.status, self.watch)
+        observers = observe.start(job)
         try:
-            return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
-                               self._snapshot, gpu_watch, self.status, self.failed).run(pipes)
+            return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, observers).run(pipes)
         finally:
-            gpu_watch.close()
-
-    def _targets(self) -> list[RankTarget]:
-        workers = self.procs.workers if self.procs is not None else []
-        return [RankTarget(w.slot.rank, w.pid, describe_gpus(w.slot), stacks_file(str(w.error_file)))
-                for w in workers if w.pid and w.status is None]
-
-    def _dump(self, reason: str) -> None:
-        """Every running rank's stack, into the console (and so the log) and the run directory, with the verdict
-        (the ranks of the attempt that exited are part of it)."""
-        workers = self.procs.workers if self.procs is not None else []
-        now = self.clock()
-        left = [stack_dump.left_at(w.slot.rank, w.code, now - w.ended) for w in workers
-                if w.status is not None and w.ended is not None]
-        dump = stack_dump.take(self._targets(), reason, self.setup.base_env, left, self.plan.world_size)
-        if self.plan.nnodes > 1:  # the verdict covers the job: node 0 reads the other nodes' reports
-            attempt = workers[0].env.get("TORCHELASTIC_RESTART_COUNT", "0") if workers else "0"
-            dump, problem = stack_dump.shared(dump, self.plan.node_rank, self.plan.nnodes,
-                                              (self.spec.master_addr, self.setup.port),
-                                              f"{self.spec.run_id}/attempt{attempt}")
-            if problem:
-                self.console.message(f"ddpboot: {problem}")
-        stack_dump.write(dump, self.workdir, self.console.message, kept=not self.temporary)
-
-    def _snapshot(self) -> Hashable | None:
-        return stack_dump.fingerprint(stack_dump.take(self._targets(), "snapshot", self.setup.base_env))
+            for o in observers:
+                o.close()
 
 
 class _StopCutsGrace:

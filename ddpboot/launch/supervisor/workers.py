@@ -12,11 +12,9 @@ from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.logs import Console, LogFile, RankStream
-from ddpboot.launch.observe.stacks.collect import CPU
 from ddpboot.launch.rundir import AttemptPaths
 from ddpboot.launch.spec import LaunchSpec, Std
 from ddpboot.selection.planner import Plan, RankSlot
-from ddpboot.units import short_uuid
 
 
 def exit_code_of(status: int) -> int:
@@ -32,12 +30,6 @@ def describe_status(status: int) -> str:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
         return f"killed by {name} (exit code {128 + sig})"
     return f"exit code {os.WEXITSTATUS(status)}"
-
-
-def describe_gpus(slot: RankSlot) -> str:
-    if not slot.gpus:
-        return CPU
-    return ", ".join(f"GPU {g.label} ({short_uuid(g.uuid)})" for g in slot.gpus)
 
 
 @dataclass(eq=False)

@@ -2,6 +2,7 @@
 `stacks-N.txt` and `stacks-N.json` into the run directory and print the text on the launcher's console (and so into
 its log). The text's last lines are the verdict (VERDICT_PREFIX) and the one that starts with STACKS_END_LINE; the
 JSON file appears last (written whole, then renamed), so a reader that waits for it reads a complete dump.
+`StackDumps` is the observer that takes one whenever the supervisor's decisions ask (DumpStacks).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddpboot.contract import STACKS_END_LINE
+from ddpboot.contract import STACKS_END_LINE, stacks_file
+from ddpboot.launch.observe.base import Job, Observer, Rank, Running
 from ddpboot.launch.observe.stacks.behind import Finding, combined
 from ddpboot.launch.observe.stacks.behind import judge as judge_flight
-from ddpboot.launch.observe.stacks.collect import CPU, RankStack, RankTarget, collect
+from ddpboot.launch.observe.stacks.collect import CPU, RankStack, RankTarget, collect, describe_gpus
 from ddpboot.launch.observe.stacks.flight import Flight, merge, read_dir
 from ddpboot.launch.observe.stacks.gather import FRESH, NodeReport, gather, publish
 from ddpboot.launch.observe.stacks.summary import classify, main_frames, parse, without_launch_frames
@@ -160,3 +162,33 @@ def write(dump: Dump, run_dir: Path, say: Callable[[str], None], kept: bool = Tr
     until = "" if kept else " until ddpboot exits (its temporary run directory goes then; --log-dir DIR keeps it)"
     say(f"{head}\nddpboot: stacks in {text_path}{until}\n{rest}")
     return text_path
+
+
+def targets(workers: Sequence[Rank]) -> list[RankTarget]:
+    """The running workers, as ranks whose stacks are wanted."""
+    return [RankTarget(w.slot.rank, w.pid, describe_gpus(w.slot), stacks_file(str(w.error_file)))
+            for w in workers if w.pid and w.status is None]
+
+
+class StackDumps(Observer):
+    """Every running rank's stack, into the console (and so the log) and the run directory, with the verdict (the
+    ranks of the attempt that exited are part of it), whenever the decisions ask."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    @classmethod
+    def start(cls, job: Job) -> StackDumps:
+        return cls(job)
+
+    def on_dump(self, reason: str, now: float, running: Running) -> None:
+        job, plan = self.job, self.job.plan
+        left = [left_at(w.slot.rank, w.code, now - w.ended) for w in running.workers
+                if w.status is not None and w.ended is not None]
+        dump = take(targets(running.workers), reason, job.env, left, plan.world_size)
+        if plan.nnodes > 1:  # the verdict covers the job: node 0 reads the other nodes' reports
+            dump, problem = shared(dump, plan.node_rank, plan.nnodes, (job.spec.master_addr, job.port),
+                                   f"{job.spec.run_id}/attempt{job.attempt}")
+            if problem:
+                job.say(f"ddpboot: {problem}")
+        write(dump, job.paths.root, job.say, kept=not job.temporary)
