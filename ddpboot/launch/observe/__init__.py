@@ -5,7 +5,7 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - gpuwatch.py: `--gpu-watch`, whose process is on which GPU, and the GPUs' health;
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
-- status.py: status.json, what `ddpboot top` reads.
+- status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
 
 from __future__ import annotations

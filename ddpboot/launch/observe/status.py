@@ -10,15 +10,8 @@ file is never more than an interval behind. Removed when the launcher ends, as i
 A start time (clock ticks since boot, /proc/PID/stat) beside each pid names the process: after a `kill -9` the file
 stays, and its pids may name other processes by the time someone reads it (procstat.is_process).
 
-The file's fields, all of them read by `ddpboot top` (cli/top.py):
-
-    {"version": 1, "pid": launcher pid, "start": its start time, "run_id": ..., "node_rank": N, "host": ...,
-     "attempt": N, "world_size": N, "updated": unix time of this write,
-     "ranks": [{"rank": global rank, "local_rank": N, "pid": N (0: not started yet), "start": its start time,
-                "gpus": [{"label": "0", "uuid": "GPU-..."}], "started": unix time or null,
-                "code": exit code once reaped or null, "last_output": unix time or null,
-                "bar": the last progress-bar state or null}],
-     "warnings": [the GPU watch's messages, in order]}
+The file is one `StatusFile` (its fields, in this order, are the JSON object's), written by `to_json` and read back
+by `read_status` (`ddpboot top`'s sampler, observe/sample.py).
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +34,60 @@ VERSION = 1
 WRITE_INTERVAL = 1.0  # seconds between two writes at most
 MAX_WARNINGS = 50  # the file stays small whatever the watch says
 MAX_BAR = 200  # characters of a bar kept
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """One GPU of a rank, as the plan named it."""
+
+    label: str  # "0", or "0:1" for a MIG instance
+    uuid: str
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int  # the global rank
+    local_rank: int
+    pid: int  # 0: not started yet
+    start: int | None  # its start time (procfs): the pid and this name the process
+    gpus: tuple[GpuRef, ...]
+    started: float | None  # unix time
+    code: int | None  # its exit code once reaped
+    last_output: float | None  # unix time
+    bar: str | None  # the last state of its progress bar
+
+
+@dataclass(frozen=True)
+class StatusFile:
+    """status.json: the launcher, this node's ranks and the GPU watch's warnings (in order)."""
+
+    version: int
+    pid: int  # the launcher's
+    start: int | None  # the launcher's start time
+    run_id: str
+    node_rank: int
+    host: str
+    attempt: int
+    world_size: int
+    updated: float  # unix time of this write
+    ranks: tuple[RankStatus, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: the fields in their order, the records as objects, the tuples as lists."""
+        return {**vars(self), "ranks": [{**vars(r), "gpus": [dict(vars(g)) for g in r.gpus]} for r in self.ranks],
+                "warnings": list(self.warnings)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StatusFile | None:
+        """The file as written (None: not a status file of this version, or a damaged one)."""
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            return None
+        try:
+            ranks = tuple(RankStatus(**{**r, "gpus": tuple(GpuRef(**g) for g in r["gpus"])}) for r in data["ranks"])
+            return cls(**{**data, "ranks": ranks, "warnings": tuple(data["warnings"])})
+        except (KeyError, TypeError):
+            return None
 
 
 def _bar(w: Rank) -> str | None:
@@ -57,9 +105,10 @@ class RunStatus(Observer):
     def __init__(self, run_dir: Path, run_id: str, node_rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.path = RunPaths(run_dir).status
-        self.head: dict[str, Any] = {"version": VERSION, "pid": os.getpid(), "start": start_of(os.getpid()),
-                                     "run_id": run_id, "node_rank": node_rank, "host": socket.gethostname(),
-                                     "attempt": 0, "world_size": world_size}
+        self.pid, self.start_time = os.getpid(), start_of(os.getpid())
+        self.run_id, self.node_rank, self.world_size = run_id, node_rank, world_size
+        self.host = socket.gethostname()
+        self.attempt = 0
         self.clock = clock
         self.wall = wall
         self.last_output: dict[int, float] = {}  # rank → wall time
@@ -79,7 +128,7 @@ class RunStatus(Observer):
 
     def begin(self, attempt: int) -> None:
         """A new attempt: its ranks start over."""
-        self.head["attempt"] = attempt
+        self.attempt = attempt
         self.last_output.clear()
         self.bars.clear()
         self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
@@ -116,25 +165,26 @@ class RunStatus(Observer):
         self._write(workers)
         self.next_write, self.changed = now + WRITE_INTERVAL, False
 
-    def snapshot(self, workers: Sequence[Rank]) -> dict[str, Any]:
+    def snapshot(self, workers: Sequence[Rank]) -> StatusFile:
         ranks = []
         for w in workers:
             bar = _bar(w)
             if bar is not None:
                 self.bars[w.slot.rank] = bar
-            ranks.append({
-                "rank": w.slot.rank, "local_rank": w.slot.local_rank, "pid": w.pid, "start": w.pid_start,
-                "gpus": [{"label": g.label, "uuid": g.uuid} for g in w.slot.gpus],
-                "started": self.wall() - (self.clock() - w.started) if w.pid else None,
-                "code": w.code if w.status is not None else None,
-                "last_output": self.last_output.get(w.slot.rank),
-                "bar": self.bars.get(w.slot.rank),
-            })
-        return {**self.head, "updated": self.wall(), "ranks": ranks, "warnings": list(self.warnings)}
+            ranks.append(RankStatus(
+                rank=w.slot.rank, local_rank=w.slot.local_rank, pid=w.pid, start=w.pid_start,
+                gpus=tuple(GpuRef(g.label, g.uuid) for g in w.slot.gpus),
+                started=self.wall() - (self.clock() - w.started) if w.pid else None,
+                code=w.code if w.status is not None else None,
+                last_output=self.last_output.get(w.slot.rank),
+                bar=self.bars.get(w.slot.rank),
+            ))
+        return StatusFile(VERSION, self.pid, self.start_time, self.run_id, self.node_rank, self.host, self.attempt,
+                          self.world_size, self.wall(), tuple(ranks), tuple(self.warnings))
 
     def _write(self, workers: Sequence[Rank]) -> None:
         try:
-            write_whole(self.path, json.dumps(self.snapshot(workers)) + "\n")
+            write_whole(self.path, json.dumps(self.snapshot(workers).to_json()) + "\n")
             self.writes += 1
         except OSError:
             self.broken = True  # best effort, as the record: the job runs on without it
@@ -144,10 +194,10 @@ class RunStatus(Observer):
             self.path.unlink()
 
 
-def read_status(run_dir: Path) -> dict[str, Any] | None:
+def read_status(run_dir: Path) -> StatusFile | None:
     """The status file of the launcher of `run_dir` as published (None: none, or not this version's)."""
     try:
         data = json.loads(RunPaths(run_dir).status.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("version") == VERSION else None
+    return StatusFile.from_json(data)

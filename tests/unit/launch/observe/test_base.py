@@ -44,7 +44,7 @@ def test_a_warning_is_said_and_kept_in_the_status_file(tmp_path: Path) -> None:
     status.update([])
     data = read_status(tmp_path)
     assert said == ["ddpboot: gpu watch: pid 7 is not this job's"]
-    assert data is not None and data["warnings"] == said
+    assert data is not None and list(data.warnings) == said
 
 
 def test_an_attempt_is_watched_by_what_its_options_ask_for(tmp_path: Path) -> None:

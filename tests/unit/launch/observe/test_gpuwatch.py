@@ -127,4 +127,4 @@ def test_as_an_observer_it_looks_every_interval_and_strict_ends_the_attempt(tmp_
     watch.close()
     j.status.update([])  # the warning is kept for `ddpboot top`
     data = read_status(tmp_path)
-    assert data is not None and data["warnings"] == said
+    assert data is not None and list(data.warnings) == said

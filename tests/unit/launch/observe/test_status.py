@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ddpboot.launch.observe.status import WRITE_INTERVAL, RunStatus, read_status
+from ddpboot.launch.observe.status import VERSION, WRITE_INTERVAL, GpuRef, RunStatus, StatusFile, read_status
 from ddpboot.launch.rundir import RunPaths
 from ddpboot.selection.gpu import GPU
 from tests.unit.launch.observe.jobs import Clock, worker
@@ -31,11 +31,11 @@ def test_the_first_wake_up_writes_every_rank_with_its_pid_and_gpus(tmp_path: Pat
     st.update([worker(0, 4242, (gpu,)), worker(1, 4243)])
     data = read_status(tmp_path)
     assert data is not None
-    assert (data["pid"], data["run_id"], data["world_size"], data["attempt"]) == (os.getpid(), "job-7", 2, 0)
-    assert [(r["rank"], r["pid"], r["code"], r["last_output"]) for r in data["ranks"]] == [
-        (0, 4242, None, None), (1, 4243, None, None)]
-    assert data["ranks"][0]["gpus"] == [{"label": "3", "uuid": "GPU-3"}]
-    assert data["ranks"][0]["started"] == 1099.0  # wall time of the start, from the loop's clock
+    assert (data.pid, data.run_id, data.world_size, data.attempt) == (os.getpid(), "job-7", 2, 0)
+    assert [(r.rank, r.pid, r.code, r.last_output) for r in data.ranks] == [(0, 4242, None, None),
+                                                                          (1, 4243, None, None)]
+    assert data.ranks[0].gpus == (GpuRef("3", "GPU-3"),)
+    assert data.ranks[0].started == 1099.0  # wall time of the start, from the loop's clock
     assert st.due(clock.now) is None
 
 
@@ -54,7 +54,7 @@ def test_a_change_within_the_interval_waits_for_it_and_nothing_new_writes_nothin
     st.update(workers)
     data = read_status(tmp_path)
     assert st.writes == 2 and data is not None
-    assert data["ranks"][1]["last_output"] == 1100.25 and data["ranks"][1]["bar"] == "epoch 1:  40%|####      | 4/10"
+    assert data.ranks[1].last_output == 1100.25 and data.ranks[1].bar == "epoch 1:  40%|####      | 4/10"
     for _ in range(5):  # nothing changed: no write, however often the loop wakes
         clock.now += 2 * WRITE_INTERVAL
         st.update(workers)
@@ -74,8 +74,8 @@ def test_an_exit_is_published_with_its_code_and_the_last_bar_stays(tmp_path: Pat
     st.update(workers)
     data = read_status(tmp_path)
     assert data is not None
-    assert data["ranks"][0]["code"] == 3 and data["ranks"][0]["bar"] == "step 9/9"
-    assert data["ranks"][1]["code"] is None
+    assert data.ranks[0].code == 3 and data.ranks[0].bar == "step 9/9"
+    assert data.ranks[1].code is None
 
 
 def test_warnings_are_kept_in_order(tmp_path: Path) -> None:
@@ -85,8 +85,8 @@ def test_warnings_are_kept_in_order(tmp_path: Path) -> None:
     st.warn("ddpboot: gpu watch: GPU 0 is 97% full")
     st.update([worker(0, 10)])
     data = read_status(tmp_path)
-    assert data is not None and data["warnings"] == ["ddpboot: gpu watch: pid 7 is not this job's",
-                                                     "ddpboot: gpu watch: GPU 0 is 97% full"]
+    assert data is not None and data.warnings == ("ddpboot: gpu watch: pid 7 is not this job's",
+                                                  "ddpboot: gpu watch: GPU 0 is 97% full")
 
 
 def test_the_file_is_whole_and_removed_at_the_end_and_a_foreign_one_is_not_read(tmp_path: Path) -> None:
@@ -136,3 +136,24 @@ def test_a_write_costs_well_under_a_millisecond_per_rank(tmp_path: Path) -> None
     print(f"status write, 64 ranks: {per_write * 1e3:.3f} ms; check: {per_check * 1e6:.1f} us")
     assert per_write < 0.064, per_write  # < 1 ms per rank, even on a loaded 2-core machine
     assert per_check < 0.001, per_check
+
+
+def test_the_file_is_one_record_written_and_read_back_field_for_field(tmp_path: Path) -> None:
+    """The JSON object's keys are the records' fields, in their order; what is written reads back equal."""
+    clock = Clock()
+    st = status(tmp_path, clock)
+    gpu = GPU(index=3, uuid="GPU-3", pci_bus_id="", name="", memory_total=0, memory_used=0)
+    workers = [worker(0, 4242, (gpu,)), worker(1, 4243)]
+    workers[1].err.bar = b"step 2/9"
+    st.warn("ddpboot: gpu watch: a warning")
+    st.update(workers)
+    raw = json.loads(RunPaths(tmp_path).status.read_text())
+    assert list(raw) == ["version", "pid", "start", "run_id", "node_rank", "host", "attempt", "world_size", "updated",
+                         "ranks", "warnings"]
+    assert list(raw["ranks"][0]) == ["rank", "local_rank", "pid", "start", "gpus", "started", "code", "last_output",
+                                     "bar"]
+    assert raw["version"] == VERSION and raw["ranks"][0]["gpus"] == [{"label": "3", "uuid": "GPU-3"}]
+    back = StatusFile.from_json(raw)
+    assert back == read_status(tmp_path) and back is not None and back.to_json() == raw
+    assert StatusFile.from_json({**raw, "ranks": [{"rank": 0}]}) is None  # damaged: not read
+    assert StatusFile.from_json([]) is None
