@@ -245,11 +245,12 @@ class GpuWatch(Observer):
             end = end or (f.wrong_gpu and self.mode is WatchMode.STRICT)
         return end
 
+    # Started only when active (`start`): what can end that is a broken reading.
     def due(self, now: float) -> float | None:
-        return self.next_look if self.active else None
+        return None if self.broken else self.next_look
 
     def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
-        if not self.active or now < self.next_look:
+        if self.broken or now < self.next_look:
             return ()
         self.next_look = now + self.interval
         pids = {w.slot.rank: w.pid for w in running.workers if w.pid and w.status is None}

@@ -237,9 +237,10 @@ class AttemptLoop:
             d.group_gone(i)
         if self.procs.guardian_code is not None:
             d.guardian_died(self.procs.guardian_code)
-        self.carry_out(d.tick(self.clock()))
+        now = self.clock()
+        self.carry_out(d.tick(now))
         for o in self.waking:
-            answers = o.on_wake(self.clock(), self)
+            answers = o.on_wake(now, self)
             if answers:
                 self.carry_out(d.answered(answers, self.clock()))
 
