@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-from ddpboot.launch.gpuwatch import GpuWatch
+from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.spec import WatchMode
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.planner import make_plan

@@ -267,7 +267,10 @@ def render_smoke(report: Report) -> None:
 
 def render_dry_run(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> None:
     """The plan, the store, and each rank's command line and the variables ddpboot sets (with what they were)."""
+    from pathlib import Path
+
     from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
+    from ddpboot.launch.rundir import RunPaths
 
     render_plan(plan)
     port = spec.master_port or 0
@@ -277,7 +280,7 @@ def render_dry_run(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> None
     print(f"store: {spec.store} server on {spec.bind_addr}:" + (str(port) if port else "<a free port bound at launch>"))
     for slot in plan.ranks:
         argv = worker_argv(spec.target, spec.python, slot.local_rank)
-        own = worker_vars(plan, slot, ctx, env, f"<log dir>/attempt_0/rank{slot.rank}.error.json")
+        own = worker_vars(plan, slot, ctx, env, str(RunPaths(Path("<log dir>")).attempt(0).error_file(slot.rank)))
         if not port:
             own["MASTER_PORT"] = "<port bound at launch>"
         print(f"\nrank {slot.rank} (local rank {slot.local_rank}): {shlex.join(argv)}")

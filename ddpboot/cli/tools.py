@@ -203,7 +203,7 @@ def stacks_cmd(
     """Print every rank's current Python stack, with one line per rank naming the collective, barrier or
     destroy_process_group it waits in, and a verdict naming the rank to look at. The launcher collects them
     (py-spy, or the ranks' faulthandler) when sent SIGUSR2, and keeps a copy in its run directory."""
-    from ddpboot.launch.stacks.find import find, request_dump
+    from ddpboot.launch.observe.stacks.find import find, request_dump
 
     if timeout <= 0:
         raise UsageError(f"--timeout {timeout}: give a positive number of seconds.")
@@ -240,19 +240,20 @@ def top_cmd(
     import time
 
     from ddpboot.cli import top
-    from ddpboot.launch.stacks.find import find
+    from ddpboot.launch.observe import sample
+    from ddpboot.launch.observe.stacks.find import find
 
     if not 0 < interval <= 3600:
         raise UsageError(f"--interval {interval:g}: give the seconds between two refreshes, above 0 (e.g. 1 or 0.5).")
     record = find(run)
-    status = top.await_status(record.run_dir, record.running, 5.0)
+    status = sample.await_status(record.run_dir, record.running, 5.0)
     if status is None:
         raise UsageError(f"the launcher (pid {record.pid}) publishes no status in {record.run_dir}: it has ended, "
                          "or it is a ddpboot without `ddpboot top`.")
     if as_json or not sys.stdout.isatty():  # a pipe, a file, `watch`: one snapshot, as `top -b -n 1` prints
-        rows = top.sample_once(status, interval, os.environ)
+        rows = sample.sample_once(status, interval, os.environ)
         if as_json:
-            print(json.dumps(top.snapshot_json(status, rows, time.time()), indent=2))
+            print(json.dumps(sample.snapshot_json(status, rows, time.time()), indent=2))
         else:
             top.print_once(status, rows)
         return

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 from ddpboot.cluster.base import (
@@ -44,6 +45,7 @@ from ddpboot.cluster.base import (
     store_host,
 )
 from ddpboot.errors import WorkerEnvError
+from ddpboot.procfs import PROC, read_stat
 
 DEFAULT_PORT = 29500  # torchrun's default MASTER_PORT
 
@@ -103,21 +105,18 @@ def mpi_flavour(env: Mapping[str, str]) -> Flavour | None:
     return None
 
 
-def launcher_pid(names: frozenset[str] = LAUNCHER_PROCESSES, proc: str = "/proc") -> int | None:
+def launcher_pid(names: frozenset[str] = LAUNCHER_PROCESSES, proc: Path = PROC) -> int | None:
     """The pid of this process's nearest ancestor whose command is one of `names`, or None (no /proc, none found)."""
     pid = os.getppid()
     for _ in range(64):
         if pid <= 1:
             return None
-        try:
-            with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-        except OSError:
+        stat = read_stat(pid, proc)
+        if stat is None:
             return None
-        comm, _, rest = stat.partition("(")[2].rpartition(")")
-        if comm in names:
+        if stat.comm in names:
             return pid
-        pid = int(rest.split()[1])  # the fields after the command: state, ppid, ...
+        pid = stat.ppid
     return None
 
 

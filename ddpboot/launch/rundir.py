@@ -1,6 +1,6 @@
 """The run directory, where a run's files go: BASE/RUN_ID with --log-dir (BASE's disk checked for room before
-anything is made there), or a fresh temporary directory; and its first file, plan.json, written before anything
-starts.
+anything is made there), or a fresh temporary directory; its layout, named here only (`RunPaths`, `AttemptPaths`);
+and its first file, plan.json, written before anything starts.
 
 Who may read them (LogMode, `--log-mode`): by default only the job's owner. On a machine several people log into,
 a rank's output, its @record traceback and its exit mark can show data paths, hyperparameters or secrets. The run
@@ -19,14 +19,108 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.logs import why_not_written
 from ddpboot.launch.spec import LogMode
+
+
+@dataclass(frozen=True)
+class AttemptPaths:
+    """One attempt's directory, RUN/attempt_N: per rank G, `rankG.log` (its output with --log-dir and -r/-t),
+    `rankG.error.json` (its TORCHELASTIC_ERROR_FILE, written by torch's @record) and beside it what the rank
+    itself writes, named from that file (contract.py: `rankG.error.json.exiting`, the exit mark, and `rankG.stacks`,
+    its faulthandler's stacks); and NCCL's flight recorder dumps (the ranks' trace directory)."""
+
+    root: Path
+
+    def log(self, rank: int) -> Path:
+        return self.root / f"rank{rank}.log"
+
+    def error_file(self, rank: int) -> Path:
+        return self.root / f"rank{rank}{ERROR_SUFFIX}"
+
+
+ERROR_SUFFIX = ".error.json"
+_RANK_ERROR_FILE = re.compile(rf"rank(\d+){re.escape(ERROR_SUFFIX)}$")
+
+
+def rank_of_error_file(path: str) -> int | None:
+    """The rank whose error file (AttemptPaths.error_file) `path` is, or None for another file."""
+    m = _RANK_ERROR_FILE.search(path)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """One launcher's run directory (BASE/RUN_ID, an elastic job's BASE/RUN_ID/round_R, or a temporary directory):
+
+        plan.json                    the plan, written before anything starts (`write_first`)
+        launcher.json                the launcher's record while it runs (stacks/find.py)
+        status.json                  what `ddpboot top` reads while it runs (observe/status.py)
+        stacks-N.txt, stacks-N.json  the N-th stack dump (stacks/dump.py)
+        attempt_N/                   attempt N (AttemptPaths)
+        round_R/                     an elastic job's round R, a run directory of its own
+    """
+
+    root: Path
+
+    PLAN = "plan.json"
+    RECORD = "launcher.json"
+    STATUS = "status.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / self.PLAN
+
+    @property
+    def record(self) -> Path:
+        return self.root / self.RECORD
+
+    @property
+    def status(self) -> Path:
+        return self.root / self.STATUS
+
+    def attempt(self, n: int) -> AttemptPaths:
+        return AttemptPaths(self.root / f"attempt_{n}")
+
+    def round(self, label: int) -> RunPaths:
+        return RunPaths(self.root / f"round_{label}")
+
+    def dumps(self) -> set[Path]:
+        """The stack dumps' JSON files written so far."""
+        return set(self.root.glob("stacks-*.json"))
+
+    def next_dump(self) -> tuple[Path, Path]:
+        """The next stacks-N.txt and stacks-N.json."""
+        n = 1
+        while (self.root / f"stacks-{n}.json").exists() or (self.root / f"stacks-{n}.txt").exists():
+            n += 1
+        return self.root / f"stacks-{n}.txt", self.root / f"stacks-{n}.json"
+
+    @classmethod
+    def of_stacks_file(cls, path: Path) -> RunPaths:
+        """The run directory of a rank's stacks file (RUN/attempt_N/rankG.stacks)."""
+        return cls(path.parent.parent)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` beside `path` and rename it into place: whoever looks for the file (`ddpboot stacks`, awaiting
+    a record or a dump, `ddpboot top`) finds it absent or whole, never empty or cut."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
 
 
 def temporary_log_base() -> Path:
@@ -79,17 +173,16 @@ def temporary_run_dir() -> Path:
                          f"{why_not_written(exc)}. Free space there, or set TMPDIR to a directory with room.") from None
 
 
-def write_first(where: Path, temporary: bool, name: str, text: str) -> None:
+def write_first(where: Path, temporary: bool, text: str) -> None:
     """The run directory's first file (plan.json), written before anything starts: a directory that cannot take it
     (a full disk) is an error now, and the directory made for it is removed, rather than a job that fails later."""
-    from ddpboot.launch.stacks.find import write_whole
-
+    path = RunPaths(where).plan
     try:
-        write_whole(where / name, text)
+        write_whole(path, text)
     except OSError as exc:
         shutil.rmtree(where, ignore_errors=True)
         what = "set TMPDIR to a directory with room" if temporary else "give --log-dir a directory on another disk"
-        raise UsageError(f"cannot write {where / name}: {why_not_written(exc)}. Nothing was started. Free space "
+        raise UsageError(f"cannot write {path}: {why_not_written(exc)}. Nothing was started. Free space "
                          f"there, or {what}.") from None
 
 

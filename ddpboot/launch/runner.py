@@ -17,13 +17,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig, PlanConfig
 from ddpboot.launch.nodewatch import link_verdict, link_watch, node_link
 from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
-from ddpboot.launch.rundir import run_dir, temporary_run_dir, write_first
+from ddpboot.launch.rundir import RunPaths, run_dir, temporary_run_dir, write_first
 from ddpboot.launch.source_checks import isolation_note
 from ddpboot.launch.spec import LaunchSpec, RunDir, StoreBackend
 from ddpboot.nodes.binding import BINDING_NOTE, on_launcher_cpus
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from ddpboot.nodes.watch import NodeLink
 
 
-PLAN_FILE = "plan.json"
 """The plan a run got, as `ddpboot plan --json` prints it, in its run directory (DIR/RUN_ID with --log-dir)."""
 
 
@@ -184,7 +184,7 @@ def dry_run_workers(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> lis
                      ",".join(s.name for s in spec.signals))
     out = []
     for slot in plan.ranks:
-        own = worker_vars(plan, slot, ctx, env, f"<log dir>/attempt_0/rank{slot.rank}.error.json")
+        own = worker_vars(plan, slot, ctx, env, str(RunPaths(Path("<log dir>")).attempt(0).error_file(slot.rank)))
         if not port:
             own["MASTER_PORT"] = "<port bound at launch>"
         out.append(DryRunWorker(slot.rank, slot.local_rank, worker_argv(spec.target, spec.python, slot.local_rank),
@@ -286,7 +286,7 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
             say(f"note: {note}")
         spec = replace(spec, store_allow=allow)
         where = _run_dir(config, spec, stack)
-        write_first(where.path, where.temporary, PLAN_FILE, json.dumps(plan_json(plan), indent=2) + "\n")  # its plan
+        write_first(where.path, where.temporary, json.dumps(plan_json(plan), indent=2) + "\n")  # its plan
         if not where.temporary:
             say(f"logs in {where.path}")
         from ddpboot.launch.supervisor import Supervisor

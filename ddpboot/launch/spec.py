@@ -119,7 +119,7 @@ class Routing:
 
 
 class WatchMode(str, Enum):
-    """--gpu-watch: what the launcher does about a GPU used wrongly while the job runs (launch/gpuwatch.py)."""
+    """--gpu-watch: what the launcher does about a GPU used wrongly while the job runs (launch/observe/gpuwatch.py)."""
 
     OFF = "off"
     WARN = "warn"

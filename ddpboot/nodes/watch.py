@@ -25,12 +25,13 @@ from typing import Any
 from ddpboot.cluster.mpi import launcher_pid, mpi_flavour
 from ddpboot.nodes.outcome import LOST_CODE, LinkTiming, NodeEnd, rank_failure
 from ddpboot.nodes.static import NodeSetup
+from ddpboot.procfs import PROC
 
 VERDICT_WAIT = 10.0  # seconds a node other than node 0 waits for its link's verdict at the end
 QUIT_WAIT = 2.0  # seconds the link gets to exit once told to
 
 
-def mpi_parent(env: dict[str, str] | os._Environ[str], proc: str = "/proc") -> tuple[int, str] | None:
+def mpi_parent(env: dict[str, str] | os._Environ[str], proc: Path = PROC) -> tuple[int, str] | None:
     """The MPI process that started this launcher (mpirun, orted, hydra_pmi_proxy, ...): its pid and command
     name; None when no MPI launcher's variables are set or no such ancestor runs (variables left in a shell)."""
     if mpi_flavour(env) is None:
@@ -39,7 +40,7 @@ def mpi_parent(env: dict[str, str] | os._Environ[str], proc: str = "/proc") -> t
     if pid is None:
         return None
     try:
-        comm = Path(f"{proc}/{pid}/comm").read_text().strip()
+        comm = (proc / str(pid) / "comm").read_text().strip()
     except OSError:
         return None
     return pid, comm

@@ -4,7 +4,7 @@ The driver plans exactly as a job would (the same selection options), runs the p
 launcher with the checks of `ddpboot.smoke.rank`, watches the GPUs outside the plan through NVML while they run,
 and reports a table (or `--json`, `--junit-xml`). `--timeout` bounds the whole run: a collective that hangs
 becomes a failed check naming the rank that never arrived, not a hung CI job; before stopping the launcher at the
-timeout, the driver asks it for every rank's stack (ddpboot/launch/stacks/) and adds the summary to the notes.
+timeout, the driver asks it for every rank's stack (ddpboot/launch/observe/stacks/) and adds the summary to the notes.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def run_smoke(
 
 def stacks_at_timeout(pid: int) -> list[str]:
     """Ask the launcher (pid) for a stack dump; the notes that say where each rank was."""
-    from ddpboot.launch.stacks.find import find, request_dump
+    from ddpboot.launch.observe.stacks.find import find, request_dump
 
     try:
         path = request_dump(find(str(pid)), timeout=20)

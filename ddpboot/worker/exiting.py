@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from ddpboot.contract import ERROR_FILE_VAR, LOCAL_RANK_VAR, exit_mark
+from ddpboot.procfs import TASKS, pids, read_stat
 from ddpboot.worker.context import end_group
 
 _PEER_GONE = ("/gloo/", "Connection closed by peer", "Connection reset by peer", "NCCL")
@@ -125,20 +126,11 @@ def settle_threads(timeout: float = SETTLE_TIMEOUT, poll: float = 0.002, quiet_p
 def _thread_states(exclude: int) -> list[str] | None:
     """The scheduler state letter (R running, S sleeping, ...) of every thread of this process but `exclude`."""
     try:
-        tids = os.listdir("/proc/self/task")
+        tids = pids(TASKS)
     except OSError:
         return None
-    states = []
-    for tid in tids:
-        if int(tid) == exclude:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended
-        states.append(stat[stat.rindex(")") + 2])  # the field after the command name, which may hold spaces
-    return states
+    stats = (read_stat(tid, TASKS) for tid in tids if tid != exclude)
+    return [st.state for st in stats if st is not None]  # None: the thread ended
 
 
 def _failed_collective() -> bool:

@@ -56,7 +56,7 @@ def init(
             return STATE.context
         requested = normalize_backend(backend) if backend is not None else None
         chosen = _given_environment(environment)
-        register_stacks(os.environ.get(STACKS_VAR))  # `ddpboot stacks` without py-spy (launch/stacks/collect.py)
+        register_stacks(os.environ.get(STACKS_VAR))  # `ddpboot stacks` without py-spy (observe/stacks/collect.py)
         STATE.context, STATE.owns_group = _start(requested, _as_timedelta(timeout), strict, chosen)
         if not STATE.atexit_registered:
             RECORDER.install()

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from ddpboot.contract import STACKS_END_LINE
+from ddpboot.launch.observe.stacks.collect import BACKEND_VAR, find_py_spy
+from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX
+from ddpboot.launch.observe.stacks.find import RunRecord, request_dump
 from ddpboot.launch.procs.procstat import start_of
-from ddpboot.launch.stacks.collect import BACKEND_VAR, find_py_spy
-from ddpboot.launch.stacks.dump import VERDICT_PREFIX
-from ddpboot.launch.stacks.find import RunRecord, request_dump
 from tests.support import SCRIPTS, ddpboot_exe, free_port, launch_env, run_launcher, wait_for
 
 HANG = str(SCRIPTS / "hang_job.py")
@@ -122,7 +122,8 @@ def test_a_hung_job_is_dumped_on_demand_and_at_the_stall_timeout(mode: str, tmp_
         python = venv_without_py_spy(tmp_path)
         exe = [*NO_PTRACE, str(python), "-m", "ddpboot"]
         env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "py-spy").exists())
-        probe = "import os; from ddpboot.launch.stacks.collect import find_py_spy; print(find_py_spy(os.environ))"
+        probe = ("import os; from ddpboot.launch.observe.stacks.collect import find_py_spy; "
+                 "print(find_py_spy(os.environ))")
         assert subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True).stdout == "None\n"
     logs = tmp_path / "logs"
     nproc = [] if "--nproc" in case.options else ["--nproc", "2"]

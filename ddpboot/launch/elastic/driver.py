@@ -21,7 +21,7 @@ from ddpboot.launch.elastic.rounds import Round, round_plan
 from ddpboot.launch.logs import Console
 from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
-from ddpboot.launch.rundir import run_dir
+from ddpboot.launch.rundir import RunPaths, run_dir
 from ddpboot.launch.spec import EndJob, LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
@@ -255,7 +255,7 @@ class ElasticDriver:
             self.say(f"logs in {self.base}")
         if self.base is None:
             return RunDir(Path(tempfile.mkdtemp(prefix="ddpboot-")), True)
-        workdir = self.base / f"round_{rnd.label(count)}"
+        workdir = RunPaths(self.base).round(rnd.label(count)).root
         workdir.mkdir(parents=True, exist_ok=True)
         return RunDir(workdir, False)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import select
 import signal
 import time
@@ -38,9 +37,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ddpboot.contract import ERROR_FILE_VAR
-from ddpboot.launch.procs.procstat import PROC, is_process, open_process, read_stat
-
-_RANK_FILE = re.compile(r"rank(\d+)\.error\.json$")
+from ddpboot.launch.procs.procstat import is_process, open_process
+from ddpboot.launch.rundir import rank_of_error_file
+from ddpboot.procfs import PROC, cmdline, environ_value, owner, pids, read_stat
 
 
 @dataclass(frozen=True)
@@ -54,46 +53,30 @@ class Proc:
     zombie: bool = False
 
 
-def _environ_value(pid_dir: Path, name: str) -> str | None:
-    try:
-        raw = (pid_dir / "environ").read_bytes()
-    except OSError:
-        return None
-    key = name.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(key):
-            return item[len(key) :].decode(errors="replace")
-    return None
-
-
 def read_proc(pid: int, proc: Path = PROC) -> Proc | None:
     """One process as the table holds it; None when it is gone."""
-    pid_dir = proc / str(pid)
     stat = read_stat(pid, proc)
     if stat is None:
         return None
-    ppid, start, comm, zombie = stat.ppid, stat.start, stat.comm, stat.state == "Z"
-    try:
-        uid = pid_dir.stat().st_uid
-        argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
-    except OSError:
+    zombie = stat.state == "Z"
+    uid, words = owner(pid, proc), cmdline(pid, proc)
+    if uid is None or words is None:
         return None
-    words = [a.decode(errors="replace") for a in argv if a]
-    cmd = " ".join([os.path.basename(words[0]), *words[1:]]) if words else f"[{comm}]"
+    cmd = " ".join([os.path.basename(words[0]), *words[1:]]) if words else f"[{stat.comm}]"
     mine = uid == os.getuid()  # another user's environment is not ours to read (root could)
-    error_file = _environ_value(pid_dir, ERROR_FILE_VAR) if mine and not zombie else None
-    return Proc(pid, ppid, uid, start, cmd, error_file, zombie)
+    error_file = environ_value(pid, ERROR_FILE_VAR, proc) if mine and not zombie else None
+    return Proc(pid, stat.ppid, uid, stat.start, cmd, error_file, zombie)
 
 
 def snapshot(proc: Path = PROC) -> dict[int, Proc]:
     """Every process this user can see, by pid."""
     table: dict[int, Proc] = {}
     try:
-        names = os.listdir(proc)
+        found = pids(proc)
     except OSError:
         return table
-    for name in names:
-        if name.isdigit() and (p := read_proc(int(name), proc)) is not None:
+    for pid in found:
+        if (p := read_proc(pid, proc)) is not None:
             table[p.pid] = p
     return table
 
@@ -148,8 +131,7 @@ def leftovers(
 
 def rank_of(p: Proc) -> int | None:
     """The rank whose environment the process inherited (its error file's name), when it has one."""
-    m = _RANK_FILE.search(p.error_file or "")
-    return int(m.group(1)) if m else None
+    return rank_of_error_file(p.error_file or "")
 
 
 def _short(cmd: str, width: int = 72) -> str:

@@ -4,7 +4,8 @@ first failure, restarts it if asked, and returns the job's exit code.
 The parts: workers.py (each worker's command, environment and output routing), starters.py (fork + exec, or the
 fast-start zygote), decisions.py (the pure rules: fail-fast, the shutdown timeout, the root cause, signals),
 loop.py (the selectors loop that feeds them events and carries out their actions), report.py (what the user is
-told). This module runs the job: the guardian, the signalfd, the attempts and the restarts between them.
+told); what watches the attempt while it runs is launch/observe/. This module runs the job: the guardian, the
+signalfd, the attempts and the restarts between them.
 """
 
 from __future__ import annotations
@@ -17,22 +18,21 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 
-from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark, stacks_file
+from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS, exit_mark
+from ddpboot.launch import observe
 from ddpboot.launch.faststart import FastStartProcess
-from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console
+from ddpboot.launch.observe.stacks.find import RunRecord, publish, unpublish
+from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.guardian import Guardian, GuardianError, start_guardian
 from ddpboot.launch.procs.procstat import start_of
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalFd, signal_label
 from ddpboot.launch.procs.spawn import become_subreaper
+from ddpboot.launch.rundir import RunPaths
 from ddpboot.launch.spec import LaunchSpec, RunDir, Watch
-from ddpboot.launch.stacks import dump as stack_dump
-from ddpboot.launch.stacks.collect import RankTarget
-from ddpboot.launch.stacks.find import RunRecord, publish, unpublish
-from ddpboot.launch.status import RunStatus
 from ddpboot.launch.supervisor.decisions import AttemptDecisions, AttemptOutcome, Timing, after_attempt, job_code
 from ddpboot.launch.supervisor.loop import SIGNALS_KEY, AttemptLoop, ProcessTable, RankStartError
 from ddpboot.launch.supervisor.report import failure_summary, no_join_report, rank_isolated_gpus
@@ -41,7 +41,6 @@ from ddpboot.launch.supervisor.workers import (
     AttemptResult,
     AttemptSetup,
     Worker,
-    describe_gpus,
     describe_status,
     make_workers,
 )
@@ -93,6 +92,7 @@ class Supervisor:
         # Absolute: the ranks' TORCHELASTIC_ERROR_FILE (and so the job's mark, procs/leftovers.py) must name this
         # job's directory, not `logs/RUN_ID` that another job started elsewhere with the same --log-dir may share.
         self.workdir = run_dir.path.absolute()
+        self.paths = RunPaths(self.workdir)
         self.temporary = run_dir.temporary
         self.console = console or Console()
         self.clock = clock
@@ -101,11 +101,9 @@ class Supervisor:
         self.setup = AttemptSetup(spec, plan, dict(env), spec.master_port or int(listener.getsockname()[1]),
                                   self.console, with_files=not run_dir.temporary)
         self.before_start = before_start
-        self.watch = watch.check if watch is not None else None
-        self.failed = watch.failed if watch is not None else None
+        self.watch = watch  # asked while the ranks run (observe/watch.py)
         self.after_job = after_job  # (code, last result, say) → the job's code: the other nodes' verdict
-        self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval,
-                             watch.interval if watch is not None else None, spec.stall_timeout)
+        self.timing = Timing(spec.shutdown_timeout, spec.monitor_interval)
         self.result: AttemptResult | None = None  # the last attempt's
         self.fast_start = fast_start  # ranks forked by the fast-start process (launch/faststart/); None: exec
         self.attempts = attempts if attempts is not None else range(spec.max_restarts + 1)
@@ -174,7 +172,7 @@ class Supervisor:
             outcome = AttemptOutcome(attempt, result.code, result.stop_signal is not None, result.restart_reason,
                                      procs.guardian_code is not None)
             if result.root is not None and result.restart_reason is None:
-                logs = None if self.temporary else self.workdir / f"attempt_{attempt}"
+                logs = None if self.temporary else self.paths.attempt(attempt).root
                 self.console.message(failure_summary(result, attempt, self.spec.max_restarts, logs))
             if after_attempt(outcome, self.attempts) == "finish":
                 break
@@ -234,46 +232,21 @@ class Supervisor:
     # --- one attempt -------------------------------------------------------------------------------
 
     def _attempt(self, procs: ProcessTable, sigfd: SignalFd, attempt: int) -> AttemptResult:
-        attempt_dir = self.workdir / f"attempt_{attempt}"
-        self.spec.log_mode.make_dir(attempt_dir, exist_ok=True)
-        workers = make_workers(self.setup, attempt, attempt_dir)
+        paths = self.paths.attempt(attempt)
+        self.spec.log_mode.make_dir(paths.root, exist_ok=True)
+        workers = make_workers(self.setup, attempt, paths)
         procs.workers = workers
         pipes = procs.start(self.sel)
         decisions = AttemptDecisions([w.slot.rank for w in workers], self.timing, self.clock(), self.policy,
                                      lambda i: exit_mark_time(workers[i]))
-        self.status.begin(attempt)
-        gpu_watch = GpuWatch(self.spec.gpu_watch, self.plan, self.setup.base_env, self.workdir,
-                             self.status.saying(self.console.message), self.spec.gpu_watch_interval)
+        job = observe.Job(attempt, self.spec, self.plan, self.paths, self.temporary, self.setup.base_env,
+                          self.setup.port, self.console.message, self.clock, self.status, self.watch)
+        observers = observe.start(job)
         try:
-            return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, self.watch, self._dump,
-                               self._snapshot, gpu_watch, self.status, self.failed).run(pipes)
+            return AttemptLoop(procs, self.sel, sigfd, self.console, decisions, observers).run(pipes)
         finally:
-            gpu_watch.close()
-
-    def _targets(self) -> list[RankTarget]:
-        workers = self.procs.workers if self.procs is not None else []
-        return [RankTarget(w.slot.rank, w.pid, describe_gpus(w.slot), stacks_file(str(w.error_file)))
-                for w in workers if w.pid and w.status is None]
-
-    def _dump(self, reason: str) -> None:
-        """Every running rank's stack, into the console (and so the log) and the run directory, with the verdict
-        (the ranks of the attempt that exited are part of it)."""
-        workers = self.procs.workers if self.procs is not None else []
-        now = self.clock()
-        left = [stack_dump.left_at(w.slot.rank, w.code, now - w.ended) for w in workers
-                if w.status is not None and w.ended is not None]
-        dump = stack_dump.take(self._targets(), reason, self.setup.base_env, left, self.plan.world_size)
-        if self.plan.nnodes > 1:  # the verdict covers the job: node 0 reads the other nodes' reports
-            attempt = workers[0].env.get("TORCHELASTIC_RESTART_COUNT", "0") if workers else "0"
-            dump, problem = stack_dump.shared(dump, self.plan.node_rank, self.plan.nnodes,
-                                              (self.spec.master_addr, self.setup.port),
-                                              f"{self.spec.run_id}/attempt{attempt}")
-            if problem:
-                self.console.message(f"ddpboot: {problem}")
-        stack_dump.write(dump, self.workdir, self.console.message, kept=not self.temporary)
-
-    def _snapshot(self) -> Hashable | None:
-        return stack_dump.fingerprint(stack_dump.take(self._targets(), "snapshot", self.setup.base_env))
+            for o in observers:
+                o.close()
 
 
 class _StopCutsGrace:

@@ -1,9 +1,11 @@
 """What the supervisor decides during one attempt, as a pure state machine: events and the clock in, actions out.
 
 Events: workers exited (with their exit codes), a signal reached the launcher, a worker's process group emptied,
-the watch hook answered, the guardian died, time passed. Actions: signal these workers' process groups, print a
-message, name the processes that survive SIGKILL. The I/O loop (loop.py) feeds the events and carries out the
-actions; nothing here touches a process, a file or the real clock, so every rule can be tested with a fake clock.
+an observer answered (launch/observe/: the watch hook, --gpu-watch strict, --stall-timeout), the guardian died,
+time passed. Actions: signal these workers' process groups, print a message, dump the ranks' stacks, name the
+processes that survive SIGKILL. The I/O loop (loop.py) feeds the events and carries out the actions; nothing here
+touches a process, a file or the real clock, so every rule can be tested with a fake clock. The observers'
+deadlines are the loop's too: `wait_time` takes the times they are due.
 
 Fail-fast: the first worker to exit non-zero is the root cause; every other worker's process group gets SIGTERM and,
 after exactly `--shutdown-timeout` seconds, SIGKILL (on the failure path too, unlike torchrun 2.13's fixed 30 s). The
@@ -18,24 +20,23 @@ waits up to EXITING_GRACE seconds (at most the shutdown timeout) for the leaving
 When every rank has exited, processes left in a worker's group (a daemon, a data-loader worker) get LINGER seconds
 to go on their own, then SIGTERM and, after the shutdown timeout, SIGKILL, as torchrun stops its groups at the end.
 
-Stack dumps (DumpStacks; ddpboot/launch/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
+Stack dumps (DumpStacks; launch/observe/stacks/): on STACKS_SIGNAL; before ranks that outlived the shutdown timeout
 get SIGKILL (not after a second SIGINT: that kills at once, and says so); on SLURM's SIGTERM; and with
-`--stall-timeout`, when no rank made progress for that long. Progress (progress.py's StallWatch) is any output from
-a rank, a rank exiting, or a rank using at least BUSY of a core since the last sample: a long, quiet step computes,
-a rank waiting for a peer in gloo sleeps in the kernel.
+`--stall-timeout`, when no rank made progress for that long (observe/stall.py says what progress is and answers
+Stalled).
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ddpboot.launch.observe.base import Answer, End, Stalled
 from ddpboot.launch.procs.signals import ForwardPolicy, SignalInfo, signal_label
 from ddpboot.launch.spec import EndJob
-from ddpboot.launch.supervisor.progress import StallWatch
 
 STUCK_REPORT = 5.0  # seconds after SIGKILL: name the processes that are still there, and what they wait on
 LINGER = 1.0  # seconds a worker's leftover processes get to exit on their own once every rank has exited
@@ -66,26 +67,18 @@ class ReportStuck:
 
 @dataclass(frozen=True)
 class DumpStacks:
-    """Dump every running rank's stack (ddpboot/launch/stacks/), saying why."""
+    """Dump every running rank's stack (ddpboot/launch/observe/stacks/), saying why."""
 
     reason: str
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """Take the running ranks' stacks quietly and answer `snapshot_taken` with their fingerprint (--stall-timeout:
-    a quiet job whose ranks spin)."""
-
-
-Action = SignalGroups | Say | ReportStuck | DumpStacks | Snapshot
+Action = SignalGroups | Say | ReportStuck | DumpStacks
 
 
 @dataclass(frozen=True)
 class Timing:
     shutdown_timeout: float  # SIGTERM → SIGKILL
     monitor_interval: float  # the re-check tick while waiting for a process group to empty
-    watch_interval: float | None = None  # how often to call the watch hook; None: no hook
-    stall_timeout: float | None = None  # --stall-timeout: stop after this long without progress; None: never
 
 
 @dataclass
@@ -115,7 +108,6 @@ class PendingRoot:
 class Deadlines:
     kill: float | None = None  # SIGKILL every group still there
     report: float | None = None  # name the processes that survived SIGKILL
-    watch: float | None = None  # call the watch hook
     ranks_done: float | None = None  # when the last rank exited (the leftover processes' linger starts)
 
 
@@ -128,15 +120,13 @@ class AttemptDecisions:
         self.timing = timing
         self.policy = policy
         self.exit_mark = exit_mark
-        watch = None if timing.watch_interval is None else now + timing.watch_interval
-        self.deadlines = Deadlines(watch=watch)
+        self.deadlines = Deadlines()
         self.pending: PendingRoot | None = None
         self.stopping = False
         self.root: int | None = None  # the index of the root cause
         self.stop_signal: int | None = None  # the signal that stopped the job
         self.restart_reason: str | None = None  # the watch hook's reason to stop the attempt
         self.guardian_code: int | None = None  # the guardian's exit code, if it died
-        self.stall = None if timing.stall_timeout is None else StallWatch.start(timing.stall_timeout, now)
         self.stalled = False  # --stall-timeout stopped the attempt
         self.dumped_stopping = False  # the stacks were dumped while stopping (once is enough)
         self.forced_code: int | None = None  # the launcher ended the attempt itself with this code (--gpu-watch)
@@ -159,12 +149,12 @@ class AttemptDecisions:
             return 1
         return next((r.code for r in self.ranks if r.code), 0)
 
-    def wait_time(self, now: float, silent_worker: bool = False) -> float | None:
-        """How long the loop may wait for an event: until the next deadline, or one monitor tick while a group is
-        emptying or a worker whose pipes have closed has not been seen to exit (`silent_worker`); None: no limit."""
-        times = [t for t in (self.deadlines.kill, self.deadlines.report, self.deadlines.watch) if t is not None]
-        if self.stall is not None and not self.stopping:
-            times.append(self.stall.next_sample)
+    def wait_time(self, now: float, silent_worker: bool = False, due: Iterable[float] = ()) -> float | None:
+        """How long the loop may wait for an event: until the next deadline (the observers' `due` times among
+        them), or one monitor tick while a group is emptying or a worker whose pipes have closed has not been seen
+        to exit (`silent_worker`); None: no limit."""
+        times = [t for t in (self.deadlines.kill, self.deadlines.report) if t is not None]
+        times.extend(due)
         if self.pending is not None:
             times.append(self.pending.until)
         wait = max(min(times) - now, 0.0) if times else None
@@ -285,23 +275,24 @@ class AttemptDecisions:
     def guardian_died(self, code: int) -> None:
         self.guardian_code = code
 
-    def watch_due(self, now: float) -> bool:
-        """Time to call the watch hook (never while stopping)."""
-        at = self.deadlines.watch
-        if at is None or now < at:
-            return False
-        if self.stopping or self.timing.watch_interval is None:
-            self.deadlines.watch = None
-            return False
-        self.deadlines.watch = now + self.timing.watch_interval
-        return True
+    def answered(self, answers: Iterable[Answer], now: float) -> list[Action]:
+        """What an observer answered (launch/observe/base.py), in order; nothing once the attempt is stopping."""
+        actions: list[Action] = []
+        for answer in answers:
+            actions += self._answer(answer, now)
+        return actions
 
-    def watch_answered(self, reason: str | EndJob | None, now: float) -> list[Action]:
-        if reason is None or self.stopping:
+    def _answer(self, answer: Answer, now: float) -> list[Action]:
+        if self.stopping:
             return []
-        if isinstance(reason, EndJob):  # another node failed: this node's ranks stop, with its exit code
-            self.restart_reason = reason.text
-            return [Say(reason.text), *self.end_attempt(reason.code, reason.text, now)]
+        if isinstance(answer, Stalled):
+            return self._stalled(now, answer.timeout, answer.why)
+        if isinstance(answer, End):
+            return self.end_attempt(answer.code, answer.why, now)
+        if isinstance(answer, EndJob):  # another node failed: this node's ranks stop, with its exit code
+            self.restart_reason = answer.text
+            return [Say(answer.text), *self.end_attempt(answer.code, answer.text, now)]
+        reason = answer.reason  # Restart
         self.restart_reason = reason
         say = Say(f"ddpboot: {reason}; stopping every rank of this node to restart")
         return [say, *self._stop(signal.SIGTERM, f"SIGTERM ({reason})", now)]
@@ -329,23 +320,7 @@ class AttemptDecisions:
             actions.append(Say(f"ddpboot: error: the guardian process (store server) exited with "
                                f"{self.guardian_code}; stopping the job"))
             actions += self._stop(signal.SIGTERM, "SIGTERM (the store server died)", now)
-        return actions + self._stall_check(now)
-
-    # --- --stall-timeout ---------------------------------------------------------------------------------
-
-    def sample_due(self, now: float) -> bool:
-        return self.stall is not None and not self.stopping and now >= self.stall.next_sample
-
-    def progress(self, now: float, cpu: dict[int, float], output: int, running: bool = False) -> None:
-        """A progress sample (see StallWatch.observe); the loop takes it when `sample_due`."""
-        if self.stall is not None:
-            self.stall.observe(now, cpu, output, sum(r.exited for r in self.ranks), running)
-
-    def snapshot_taken(self, now: float, fingerprint: Hashable | None) -> list[Action]:
-        """The ranks' stacks (a fingerprint; None when not every rank could be read): unchanged too long, a stall."""
-        if self.stall is None or self.stopping or not self.stall.snapshot_taken(now, fingerprint):
-            return []
-        return self._stalled(now, "no output, no rank exited, the same stacks in every rank")
+        return actions
 
     def end_attempt(self, code: int, why: str, now: float) -> list[Action]:
         """The launcher ends the attempt itself (`--gpu-watch strict`): SIGTERM to every rank, exit code `code`."""
@@ -354,19 +329,13 @@ class AttemptDecisions:
         self.forced_code = code
         return self._stop(signal.SIGTERM, f"SIGTERM ({why})", now)
 
-    def _stall_check(self, now: float) -> list[Action]:
-        if self.stall is None or self.stopping:
-            return []
-        if not self.stall.stalled(now):
-            return [Snapshot()] if self.stall.snapshot_due(now) else []
-        return self._stalled(now, "no output, no rank exited, no rank busy on a CPU")
-
-    def _stalled(self, now: float, why: str) -> list[Action]:
-        assert self.stall is not None
+    def _stalled(self, now: float, timeout: float, why: str) -> list[Action]:
+        """--stall-timeout: no progress for `timeout` seconds (observe/stall.py): dump every rank's stack, then
+        stop the job."""
         self.stalled = True
         self.dumped_stopping = True
-        t = f"{self.stall.timeout:g} s"
-        say = Say(f"ddpboot: no progress for {t} ({why}): --stall-timeout {self.stall.timeout:g}; dumping every "
+        t = f"{timeout:g} s"
+        say = Say(f"ddpboot: no progress for {t} ({why}): --stall-timeout {timeout:g}; dumping every "
                   "rank's stack, then stopping the job")
         return [say, DumpStacks(f"no progress for {t}, --stall-timeout"),
                 *self._stop(signal.SIGTERM, f"SIGTERM (no progress for {t}, --stall-timeout)", now)]

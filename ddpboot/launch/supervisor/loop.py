@@ -1,6 +1,8 @@
 """The I/O of one attempt: one thread, one selectors loop over every worker's stdout/stderr pipe and a signalfd
 carrying SIGCHLD and the handled signals. It reaps, pumps output, reads signals with their senders, feeds all of it
-to the attempt's decisions (decisions.py) and carries out what they decide.
+to the attempt's decisions (decisions.py) and to its observers (launch/observe/: the watch hook, the GPU watch,
+--stall-timeout, the stack dumps, the status file), and carries out what the decisions decide, the observers'
+answers included. The loop waits until the earliest of the decisions' deadlines and the observers' `due` times.
 
 Nothing polls on a timer except the safety net while waiting for a stopped group to empty (`--monitor-interval`),
 so a worker's exit is seen as soon as the kernel reports it.
@@ -16,33 +18,24 @@ import contextlib
 import os
 import selectors
 import signal
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 
 from ddpboot.errors import DdpbootError
-from ddpboot.launch.gpuwatch import GpuWatch
 from ddpboot.launch.logs import Console, RankStream
+from ddpboot.launch.observe.base import Observer, using
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
-from ddpboot.launch.procs.procstat import read_stat
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
-from ddpboot.launch.spec import GPU_WATCH_EXIT, EndJob
-from ddpboot.launch.status import RunStatus
-from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups, Snapshot
+from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups
 from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.starters import Starter
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, exit_code_of
+from ddpboot.procfs import read_stat
 
 SIGNALS_KEY = "signals"  # the selector's data for the signalfd
 PIPE_KEY = "pipe"  # ... for a worker's stdout/stderr pipe
 CHUNK = 1 << 16
-
-
-def cpu_seconds(pid: int) -> tuple[float, bool] | None:
-    """The CPU time (user + system, every thread) of a live process, and whether its main thread is running or
-    waiting for a core (state R or D), from /proc/PID/stat; None when gone."""
-    stat = read_stat(pid)
-    return None if stat is None else (stat.cpu, stat.state in ("R", "D"))
 
 
 class RankStartError(DdpbootError):
@@ -169,33 +162,34 @@ class ProcessTable:
 
 
 class AttemptLoop:
-    """Runs one attempt's workers to the end: events in, the decisions' actions out."""
+    """Runs one attempt's workers to the end: events in, the decisions' actions out; the observers told what
+    happens, and their answers handed to the decisions."""
 
     def __init__(self, procs: ProcessTable, sel: selectors.BaseSelector, sigfd: SignalFd, console: Console,
-                 decisions: AttemptDecisions, watch: Callable[[], str | EndJob | None] | None,
-                 dump: Callable[[str], None] | None = None,
-                 snapshot: Callable[[], Hashable | None] | None = None,
-                 gpu_watch: GpuWatch | None = None, status: RunStatus | None = None,
-                 failed: Callable[[Worker], None] | None = None) -> None:
+                 decisions: AttemptDecisions, observers: Sequence[Observer] = ()) -> None:
         self.procs = procs
         self.sel = sel
         self.sigfd = sigfd
         self.console = console
         self.clock = procs.clock
         self.decisions = decisions
-        self.watch = watch
         self.pipes: dict[int, RankStream] = {}
-        self.dump = dump  # dumps every running rank's stack (ddpboot/launch/stacks/), saying why
-        self.snapshot = snapshot  # the running ranks' stacks as a fingerprint, quietly (None: not all were read)
-        self.output_bytes = 0  # everything the ranks wrote: progress, for --stall-timeout
-        self.gpu_watch = gpu_watch if gpu_watch is not None and gpu_watch.active else None
-        self.gpu_due = self.clock() + (gpu_watch.interval if gpu_watch is not None else 0.0)
-        self.status = status  # the run directory's status file, for `ddpboot top` (launch/status.py)
-        self.failed = failed  # told the root cause once it is chosen (nodes/watch.py: the other nodes learn it)
+        # Only the hooks an observer overrides are called: the output hook runs for every read.
+        self.timed = using(observers, "due")
+        self.hearing = using(observers, "on_output")
+        self.counting = using(observers, "on_exit")
+        self.blaming = using(observers, "on_root")
+        self.waking = using(observers, "on_wake")
+        self.dumping = using(observers, "on_dump")
+        self.root_told = False
 
     @property
     def workers(self) -> list[Worker]:
         return self.procs.workers
+
+    @property
+    def stopping(self) -> bool:
+        return self.decisions.stopping
 
     def run(self, pipes: dict[int, RankStream]) -> AttemptResult:
         self.pipes = pipes
@@ -212,13 +206,13 @@ class AttemptLoop:
     def _wait(self) -> None:
         silent = any(w.status is None and w.out.closed and w.err.closed for w in self.workers)
         # Exits read while a rank was being started are waiting: no blocking.
-        timeout = 0.0 if self.procs.starter.has_exits() else self.decisions.wait_time(self.clock(), silent)
+        if self.procs.starter.has_exits():
+            timeout: float | None = 0.0
+        else:
+            now = self.clock()
+            due = [t for o in self.timed if (t := o.due(now)) is not None]
+            timeout = self.decisions.wait_time(now, silent, due)
         timeout = self.console.wait_time(timeout)  # a quiet progress bar's held-back state, due in a log
-        if self.status is not None:
-            timeout = self.status.wait_time(timeout)
-        if self.gpu_watch is not None:
-            due = max(self.gpu_due - self.clock(), 0.0)
-            timeout = due if timeout is None else min(timeout, due)
         for key, _ in self.sel.select(timeout):
             if key.data == SIGNALS_KEY:
                 self._read_signals()
@@ -231,44 +225,24 @@ class AttemptLoop:
         d = self.decisions
         exited = self.procs.reap()
         self.carry_out(d.workers_exited([(self.workers.index(w), w.code) for w in exited], self.clock()))
+        for w in exited:
+            for o in self.counting:
+                o.on_exit(w)
         self.carry_out(d.resolve_root(self.clock()))
-        if d.root is not None and self.failed is not None:
-            self.failed(self.workers[d.root])
-            self.failed = None
+        if d.root is not None and not self.root_told:
+            self.root_told = True
+            for o in self.blaming:
+                o.on_root(self.workers[d.root])
         for i in self.procs.emptied_groups():
             d.group_gone(i)
-        if d.watch_due(self.clock()) and self.watch is not None:
-            self.carry_out(d.watch_answered(self.watch(), self.clock()))
         if self.procs.guardian_code is not None:
             d.guardian_died(self.procs.guardian_code)
-        if self.gpu_watch is not None and self.clock() >= self.gpu_due:
-            self._watch_gpus()
-        if d.sample_due(self.clock()):
-            samples = self._cpu()
-            d.progress(self.clock(), {i: s[0] for i, s in samples.items()}, self.output_bytes,
-                       any(s[1] for s in samples.values()))
-        self.carry_out(d.tick(self.clock()))
-        if self.status is not None:
-            self.status.update(self.workers)
-
-    def _watch_gpus(self) -> None:
-        """One reading of --gpu-watch; `strict` ends the attempt when a rank uses a GPU that is not its own."""
-        assert self.gpu_watch is not None
-        self.gpu_due = self.clock() + self.gpu_watch.interval
-        pids = {w.slot.rank: w.pid for w in self.workers if w.pid and w.status is None}
-        if self.gpu_watch.check(pids) and not self.gpu_watch.ended:
-            self.gpu_watch.ended = True
-            self.carry_out(self.decisions.end_attempt(GPU_WATCH_EXIT, "--gpu-watch strict", self.clock()))
-        if not self.gpu_watch.active:
-            self.gpu_watch = None
-
-    def _cpu(self) -> dict[int, tuple[float, bool]]:
-        out = {}
-        for i, w in enumerate(self.workers):
-            cpu = cpu_seconds(w.pid) if w.pid and w.status is None else None
-            if cpu is not None:
-                out[i] = cpu
-        return out
+        now = self.clock()
+        self.carry_out(d.tick(now))
+        for o in self.waking:
+            answers = o.on_wake(now, self)
+            if answers:
+                self.carry_out(d.answered(answers, self.clock()))
 
     def _read_signals(self) -> None:
         for info in self.sigfd.read():
@@ -285,11 +259,8 @@ class AttemptLoop:
             elif isinstance(action, Say):
                 self.console.message(action.text)
             elif isinstance(action, DumpStacks):
-                if self.dump is not None:
-                    self.dump(action.reason)
-            elif isinstance(action, Snapshot):
-                fingerprint = self.snapshot() if self.snapshot is not None else None
-                self.carry_out(self.decisions.snapshot_taken(self.clock(), fingerprint))
+                for o in self.dumping:
+                    o.on_dump(action.reason, self.clock(), self)
             else:
                 report_unkillable(self.workers, self.console)
 
@@ -311,9 +282,8 @@ class AttemptLoop:
                 stream.close()
                 return
             stream.feed(data)
-            self.output_bytes += len(data)
-            if self.status is not None:
-                self.status.output(stream.rank)
+            for o in self.hearing:
+                o.on_output(stream.rank, data)
             if not final and len(data) < CHUNK:
                 return
 

@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpboot.launch.logs import Console, read_error_file
-from ddpboot.launch.stacks.behind import finding
-from ddpboot.launch.stacks.dump import VERDICT_PREFIX
+from ddpboot.launch.observe.stacks.behind import finding
+from ddpboot.launch.observe.stacks.collect import describe_gpus
+from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.supervisor.decisions import STUCK_REPORT
-from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_gpus, describe_status
+from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_status
 from ddpboot.selection.planner import Plan
 from ddpboot.units import plural
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from ddpboot.launch.env import EnvContext, worker_argv, worker_env, worker_vars
 from ddpboot.launch.logs import Console, LogFile, RankStream
+from ddpboot.launch.rundir import AttemptPaths
 from ddpboot.launch.spec import LaunchSpec, Std
-from ddpboot.launch.stacks.collect import CPU
 from ddpboot.selection.planner import Plan, RankSlot
-from ddpboot.units import short_uuid
 
 
 def exit_code_of(status: int) -> int:
@@ -31,12 +30,6 @@ def describe_status(status: int) -> str:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
         return f"killed by {name} (exit code {128 + sig})"
     return f"exit code {os.WEXITSTATUS(status)}"
-
-
-def describe_gpus(slot: RankSlot) -> str:
-    if not slot.gpus:
-        return CPU
-    return ", ".join(f"GPU {g.label} ({short_uuid(g.uuid)})" for g in slot.gpus)
 
 
 @dataclass(eq=False)
@@ -109,7 +102,7 @@ def installed_torch() -> tuple[int, int] | None:
     return None if found is None else (int(found[1]), int(found[2]))
 
 
-def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[Worker]:
+def make_workers(setup: AttemptSetup, attempt: int, paths: AttemptPaths) -> list[Worker]:
     spec = setup.spec
     ctx = EnvContext(
         master_addr=spec.master_addr,
@@ -119,18 +112,18 @@ def make_workers(setup: AttemptSetup, attempt: int, attempt_dir: Path) -> list[W
         restart_count=attempt,
         max_restarts=spec.max_restarts,
         signals=",".join(s.name for s in spec.signals),
-        trace_dir=str(attempt_dir.resolve()) if setup.with_files else "",
+        trace_dir=str(paths.root.resolve()) if setup.with_files else "",
         torch=workers_torch(spec) if setup.with_files else None,
     )
-    return [_make_worker(setup, ctx, slot, attempt_dir) for slot in setup.plan.ranks]
+    return [_make_worker(setup, ctx, slot, paths) for slot in setup.plan.ranks]
 
 
-def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, attempt_dir: Path) -> Worker:
+def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, paths: AttemptPaths) -> Worker:
     routing = setup.spec.routing
-    error_file = attempt_dir / f"rank{slot.rank}.error.json"
+    error_file = paths.error_file(slot.rank)
     log = None
     if setup.with_files and (routing.to_file(slot.local_rank, Std.OUT) or routing.to_file(slot.local_rank, Std.ERR)):
-        log = LogFile(attempt_dir / f"rank{slot.rank}.log", setup.spec.log_mode, setup.console.log_trouble)
+        log = LogFile(paths.log(slot.rank), setup.spec.log_mode, setup.console.log_trouble)
 
     def stream(which: Std) -> RankStream:
         return RankStream(

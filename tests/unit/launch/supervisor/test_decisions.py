@@ -6,7 +6,9 @@ import math
 import signal
 
 from ddpboot.contract import STACKS_SIGNAL
+from ddpboot.launch.observe.base import End, Restart, Stalled
 from ddpboot.launch.procs.signals import REPEAT_WINDOW, ForwardPolicy, SignalInfo
+from ddpboot.launch.spec import EndJob
 from ddpboot.launch.supervisor.decisions import (
     EXITING_GRACE,
     LINGER,
@@ -17,7 +19,6 @@ from ddpboot.launch.supervisor.decisions import (
     ReportStuck,
     Say,
     SignalGroups,
-    Snapshot,
     Timing,
     after_attempt,
     job_code,
@@ -28,9 +29,9 @@ USER_PID = 4242
 
 
 def decisions(n: int = 3, timeout: float = TIMEOUT, marks: dict[int, float] | None = None,
-              watch_interval: float | None = None, now: float = 0.0) -> AttemptDecisions:
+              now: float = 0.0) -> AttemptDecisions:
     marks = marks if marks is not None else {}
-    return AttemptDecisions(list(range(n)), Timing(timeout, 0.1, watch_interval), now, ForwardPolicy(),
+    return AttemptDecisions(list(range(n)), Timing(timeout, 0.1), now, ForwardPolicy(),
                             lambda i: marks.get(i, math.inf))
 
 
@@ -261,16 +262,36 @@ def test_leftover_processes_get_the_linger_then_sigterm() -> None:
     assert d.done and d.exit_code() == 0
 
 
-def test_the_watch_hook_stops_the_attempt_for_a_restart() -> None:
-    d = decisions(n=2, watch_interval=1.0, now=0.0)
-    assert not d.watch_due(0.5)
-    assert d.watch_due(1.0)
-    assert d.watch_answered(None, 1.0) == []
-    assert not d.watch_due(1.5) and d.watch_due(2.0)
-    actions = d.watch_answered("a node waits to join", 2.0)
-    assert signalled(actions) == [((0, 1), signal.SIGTERM)]
-    assert d.restart_reason == "a node waits to join"
-    assert not d.watch_due(5.0)  # never while stopping
+def test_the_watch_hooks_restart_stops_the_attempt_for_a_restart() -> None:
+    d = decisions(n=2)
+    assert d.answered([], 1.0) == []
+    actions = d.answered([Restart("a node waits to join")], 2.0)
+    assert signalled(actions) == [((0, 1), signal.SIGTERM)] and "a node waits to join; stopping every rank" in said(
+        actions)
+    assert d.restart_reason == "a node waits to join" and d.exit_code() == 0
+    assert d.answered([Restart("another")], 3.0) == [] and d.restart_reason == "a node waits to join"
+
+
+def test_another_nodes_failure_ends_the_attempt_with_its_code() -> None:
+    d = decisions(n=2)
+    actions = d.answered([EndJob(7, "ddpboot: node 1 failed")], 1.0)
+    assert said(actions) == "ddpboot: node 1 failed" and signalled(actions) == [((0, 1), signal.SIGTERM)]
+    d.workers_exited([(0, 143), (1, 143)], 2.0)
+    assert d.exit_code() == 7 and d.restart_reason == "ddpboot: node 1 failed"
+
+
+def test_an_observers_end_stops_the_attempt_with_its_code_and_only_the_first_answer_counts() -> None:
+    d = decisions(n=2)
+    actions = d.answered([End(125, "--gpu-watch strict"), End(3, "another")], 1.0)
+    assert signalled(actions) == [((0, 1), signal.SIGTERM)] and said(actions) == ""
+    d.workers_exited([(0, 143), (1, 143)], 2.0)
+    assert d.exit_code() == 125 and d.restart_reason is None
+
+
+def test_observers_deadlines_are_the_loops() -> None:
+    d = decisions(n=2)
+    assert d.wait_time(10.0, due=[12.5, 11.0]) == 1.0
+    assert d.wait_time(10.0, due=[9.0]) == 0.0  # overdue: no waiting
 
 
 def test_a_dead_guardian_stops_the_job_with_code_1() -> None:
@@ -294,11 +315,6 @@ def test_without_deadlines_the_loop_waits_for_events() -> None:
 
 def dumps(actions: list[object]) -> list[str]:
     return [a.reason for a in actions if isinstance(a, DumpStacks)]
-
-
-def stalling(timeout: float = 10.0, n: int = 2) -> AttemptDecisions:
-    return AttemptDecisions(list(range(n)), Timing(3.0, 0.1, None, timeout), 0.0, ForwardPolicy(),
-                            lambda i: math.inf)
 
 
 def test_the_stacks_signal_dumps_and_is_neither_forwarded_nor_a_stop() -> None:
@@ -342,80 +358,12 @@ def test_no_dump_at_the_kill_deadline_when_every_rank_has_exited() -> None:
     assert dumps(d.tick(1.0 + TIMEOUT)) == []
 
 
-def test_stall_timeout_dumps_and_stops_after_that_long_without_progress() -> None:
-    d = stalling(timeout=10.0)
-    now = 0.0
-    while not d.sample_due(now):
-        now += 0.5
-    d.progress(now, {0: 1.0, 1: 1.0}, 100)  # first sample: output since the start counts
-    for t in (3.0, 6.0, 9.0):
-        d.progress(t, {0: 1.01, 1: 1.0}, 100)  # a sliver of CPU, no output
-        assert dumps(d.tick(t)) == [] and not d.stopping
-    actions = d.tick(now + 10.0)
+def test_a_stall_dumps_and_stops_the_job_once() -> None:
+    d = AttemptDecisions([0, 1], Timing(3.0, 0.1), 0.0, ForwardPolicy(), lambda i: math.inf)
+    actions = d.answered([Stalled(10.0, "no output, no rank exited, no rank busy on a CPU")], 12.0)
     assert dumps(actions) == ["no progress for 10 s, --stall-timeout"]
+    assert said(actions).startswith("ddpboot: no progress for 10 s (no output, no rank exited, no rank busy on a CPU): "
+                                    "--stall-timeout 10; dumping every rank's stack, then stopping the job")
     assert signalled(actions) == [((0, 1), signal.SIGTERM)] and d.stalled
-    assert dumps(d.tick(now + 10.0 + 3.0)) == []  # SIGKILL follows without a second dump
-
-
-def test_busy_cpu_output_and_exits_are_progress() -> None:
-    d = stalling(timeout=10.0)
-    d.progress(2.0, {0: 1.0, 1: 1.0}, 0)
-    d.progress(8.0, {0: 4.0, 1: 1.0}, 0)  # rank 0 computed: a quiet step, not a stall
-    assert dumps(d.tick(17.0)) == [] and not d.stopping
-    d.progress(16.0, {0: 4.0, 1: 1.0}, 10)  # output
-    assert dumps(d.tick(25.0)) == [] and not d.stopping
-    d.workers_exited([(1, 0)], 24.0)
-    d.progress(24.0, {0: 4.0}, 10)  # a rank exited
-    assert dumps(d.tick(33.0)) == [] and not d.stopping
-    assert dumps(d.tick(34.0))
-
-
-def snapshots(actions: list[object]) -> int:
-    return sum(isinstance(a, Snapshot) for a in actions)
-
-
-def test_a_quiet_job_whose_ranks_spin_is_stalled_when_their_stacks_stay_the_same() -> None:
-    d = stalling(timeout=8.0)
-    cpu = 0.0
-    asked: list[float] = []
-    for step in range(1, 40):
-        now = step * 0.5
-        cpu += 0.5  # a core spinning in every rank: CPU time never says stalled
-        d.progress(now, {0: cpu, 1: cpu}, 0)
-        actions = d.tick(now)
-        if snapshots(actions):
-            asked.append(now)
-            actions = d.snapshot_taken(now, ("same", "stacks"))
-        if dumps(actions):
-            break
-    assert asked[0] == 4.0  # quiet for half the timeout
-    assert dumps(actions) == ["no progress for 8 s, --stall-timeout"] and now == 8.0
-    assert "the same stacks in every rank" in said(actions)
-
-
-def test_moving_or_unreadable_stacks_are_no_stall() -> None:
-    for fingerprints in (lambda n: ("line", n), lambda n: None):
-        d = stalling(timeout=8.0)
-        cpu = 0.0
-        for step in range(1, 60):
-            now = step * 0.5
-            cpu += 0.5
-            d.progress(now, {0: cpu, 1: cpu}, 0)
-            if snapshots(d.tick(now)):
-                assert d.snapshot_taken(now, fingerprints(step)) == []
-        assert not d.stopping
-
-
-def test_without_stall_timeout_nothing_is_sampled() -> None:
-    d = decisions()
-    assert not d.sample_due(1e9) and d.wait_time(0.0) is None
-    assert d.tick(1e9) == []
-
-
-def test_a_rank_waiting_for_a_core_is_busy_on_a_crowded_machine() -> None:
-    d = stalling(timeout=10.0)
-    for t in range(1, 30):
-        d.progress(float(t), {0: 1.0 + t * 0.01, 1: 1.0}, 0, running=True)  # runnable, but barely gets a core
-        assert dumps(d.tick(float(t))) == []
-    d.progress(30.0, {0: 1.3, 1: 1.0}, 0)
-    assert dumps(d.tick(40.0))
+    assert dumps(d.tick(12.0 + 3.0)) == []  # SIGKILL follows without a second dump
+    assert d.answered([Stalled(10.0, "again")], 16.0) == []

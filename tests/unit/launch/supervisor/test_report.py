@@ -10,7 +10,7 @@ from ddpboot.launch.spec import Std
 from ddpboot.launch.supervisor.report import failure_summary
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker
 from ddpboot.selection.planner import RankSlot
-from tests.unit.launch.stacks.flight_dumps import dump, entry, write
+from tests.unit.launch.observe.stacks.flight_dumps import dump, entry, write
 
 
 def worker(rank: int, status: int | None, tmp_path: Path) -> Worker:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ddpboot.contract import Isolation
 from ddpboot.launch.logs import Console
+from ddpboot.launch.rundir import AttemptPaths
 from ddpboot.launch.spec import LaunchSpec, Routing, Std, Target
 from ddpboot.launch.supervisor.workers import AttemptSetup, describe_status, exit_code_of, make_workers
 from ddpboot.selection.planner import Plan, RankSlot
@@ -36,7 +37,7 @@ def test_wait_statuses_read_as_shell_exit_codes() -> None:
 
 
 def test_each_worker_gets_its_command_and_the_attempts_environment(tmp_path: Path) -> None:
-    workers = make_workers(setup(Routing()), 1, tmp_path)
+    workers = make_workers(setup(Routing()), 1, AttemptPaths(tmp_path))
     assert [w.argv for w in workers] == [["/usr/bin/python3", "-u", "train.py", "--rank", "0"],
                                          ["/usr/bin/python3", "-u", "train.py", "--rank", "1"]]
     env = workers[1].env
@@ -48,10 +49,11 @@ def test_each_worker_gets_its_command_and_the_attempts_environment(tmp_path: Pat
 
 
 def test_log_files_only_for_the_ranks_routed_to_them(tmp_path: Path) -> None:
-    workers = make_workers(setup(Routing(files={1: Std.ERR})), 0, tmp_path)
+    workers = make_workers(setup(Routing(files={1: Std.ERR})), 0, AttemptPaths(tmp_path))
     assert workers[0].log is None
     assert workers[1].log is not None and workers[1].log.path == tmp_path / "rank11.log"
     assert workers[1].err.file is workers[1].log and workers[1].out.file is None
     for w in workers:
         w.close_output()
-    assert not make_workers(setup(Routing(files={1: Std.ERR}), with_files=False), 0, tmp_path)[1].log
+    assert not make_workers(setup(Routing(files={1: Std.ERR}), with_files=False), 0,
+                          AttemptPaths(tmp_path))[1].log

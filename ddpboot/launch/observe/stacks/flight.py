@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpboot.launch.stacks.summary import Frame
+from ddpboot.launch.observe.stacks.summary import Frame
 
 PREFIX = "nccl_trace_rank_"  # env.FLIGHT_RECORDER's file name, the rank appended by torch
 MAX_BYTES = 64 << 20  # a dump of 2000 entries with their stacks is a few MB; more is not one of torch's

@@ -1,4 +1,4 @@
-"""The flight recorder's verdict (ddpboot/launch/stacks/behind.py): the rank behind, by the collectives' sequence
+"""The flight recorder's verdict (launch/observe/stacks/behind.py): the rank behind, by the collectives' sequence
 numbers; collectives of one number that differ; every rank level; what cannot be compared."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpboot.launch.stacks.behind import combined, finding, judge
-from ddpboot.launch.stacks.flight import PREFIX, Flight, RankTrace, from_json, merge, parse, to_json
-from ddpboot.launch.stacks.verdict import Verdict
-from tests.unit.launch.stacks.flight_dumps import dump, entry, write
+from ddpboot.launch.observe.stacks.behind import combined, finding, judge
+from ddpboot.launch.observe.stacks.flight import PREFIX, Flight, RankTrace, from_json, merge, parse, to_json
+from ddpboot.launch.observe.stacks.verdict import Verdict
+from tests.unit.launch.observe.stacks.flight_dumps import dump, entry, write
 
 
 def flight(*ranks: RankTrace, problems: tuple[str, ...] = ()) -> Flight:

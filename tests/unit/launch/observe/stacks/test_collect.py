@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.contract import RANK_STACKS_SIGNAL, STACKS_VAR, stacks_spec
-from ddpboot.launch.stacks.collect import BACKEND_VAR, RankTarget, catches, collect, find_py_spy
+from ddpboot.launch.observe.stacks.collect import BACKEND_VAR, RankTarget, catches, collect, find_py_spy
 
 CHILD = f"""
 import os, sys, time

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from ddpboot.contract import RANK_STACKS_SIGNAL
 from ddpboot.launch.procs.groups import signal_process
+from ddpboot.selection.planner import RankSlot
+from ddpboot.units import short_uuid
 
 BACKEND_VAR = "DDPBOOT_STACKS_BACKEND"
 BACKENDS = ("auto", "py-spy", "faulthandler")
@@ -33,6 +35,13 @@ SETTLE = 0.1  # a stacks file unchanged this long after it grew is complete
 
 
 CPU = "CPU"  # RankTarget.gpus of a rank without a GPU
+
+
+def describe_gpus(slot: RankSlot) -> str:
+    """A rank's GPUs as the dumps and the failure summary name them: CPU, or "GPU 0 (GPU-1234abcd…)"."""
+    if not slot.gpus:
+        return CPU
+    return ", ".join(f"GPU {g.label} ({short_uuid(g.uuid)})" for g in slot.gpus)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 `stacks-N.txt` and `stacks-N.json` into the run directory and print the text on the launcher's console (and so into
 its log). The text's last lines are the verdict (VERDICT_PREFIX) and the one that starts with STACKS_END_LINE; the
 JSON file appears last (written whole, then renamed), so a reader that waits for it reads a complete dump.
+`StackDumps` is the observer that takes one whenever the supervisor's decisions ask (DumpStacks).
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddpboot.contract import STACKS_END_LINE
-from ddpboot.launch.stacks.behind import Finding, combined
-from ddpboot.launch.stacks.behind import judge as judge_flight
-from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget, collect
-from ddpboot.launch.stacks.find import write_whole
-from ddpboot.launch.stacks.flight import Flight, merge, read_dir
-from ddpboot.launch.stacks.gather import FRESH, NodeReport, gather, publish
-from ddpboot.launch.stacks.summary import classify, main_frames, parse, without_launch_frames
-from ddpboot.launch.stacks.verdict import Left, Seen, Verdict, judge
+from ddpboot.contract import STACKS_END_LINE, stacks_file
+from ddpboot.launch.observe.base import Job, Observer, Rank, Running
+from ddpboot.launch.observe.stacks.behind import Finding, combined
+from ddpboot.launch.observe.stacks.behind import judge as judge_flight
+from ddpboot.launch.observe.stacks.collect import CPU, RankStack, RankTarget, collect, describe_gpus
+from ddpboot.launch.observe.stacks.flight import Flight, merge, read_dir
+from ddpboot.launch.observe.stacks.gather import FRESH, NodeReport, gather, publish
+from ddpboot.launch.observe.stacks.summary import classify, main_frames, parse, without_launch_frames
+from ddpboot.launch.observe.stacks.verdict import Left, Seen, Verdict, judge
+from ddpboot.launch.rundir import RunPaths, write_whole
 
 VERDICT_PREFIX = "ddpboot: verdict: "
 
@@ -143,19 +145,11 @@ def left_at(rank: int, code: int, ago: float, now: float | None = None) -> Left:
     return Left(rank, code, time.strftime("%H:%M:%S", time.localtime((now or time.time()) - ago)), ago)
 
 
-def next_paths(run_dir: Path) -> tuple[Path, Path]:
-    """The next stacks-N.txt and stacks-N.json in the run directory."""
-    n = 1
-    while (run_dir / f"stacks-{n}.json").exists() or (run_dir / f"stacks-{n}.txt").exists():
-        n += 1
-    return run_dir / f"stacks-{n}.txt", run_dir / f"stacks-{n}.json"
-
-
 def write(dump: Dump, run_dir: Path, say: Callable[[str], None], kept: bool = True) -> Path | None:
     """Print the dump and write its files; the text file's path (None when the directory cannot be written).
     `kept`: the run directory stays after the run (--log-dir); a temporary one goes when the launcher exits, and
     the line that names the file says so."""
-    text_path, json_path = next_paths(run_dir)
+    text_path, json_path = RunPaths(run_dir).next_dump()
     text = dump.text()
     try:
         text_path.write_text(text + "\n", encoding="utf-8")
@@ -168,3 +162,33 @@ def write(dump: Dump, run_dir: Path, say: Callable[[str], None], kept: bool = Tr
     until = "" if kept else " until ddpboot exits (its temporary run directory goes then; --log-dir DIR keeps it)"
     say(f"{head}\nddpboot: stacks in {text_path}{until}\n{rest}")
     return text_path
+
+
+def targets(workers: Sequence[Rank]) -> list[RankTarget]:
+    """The running workers, as ranks whose stacks are wanted."""
+    return [RankTarget(w.slot.rank, w.pid, describe_gpus(w.slot), stacks_file(str(w.error_file)))
+            for w in workers if w.pid and w.status is None]
+
+
+class StackDumps(Observer):
+    """Every running rank's stack, into the console (and so the log) and the run directory, with the verdict (the
+    ranks of the attempt that exited are part of it), whenever the decisions ask."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    @classmethod
+    def start(cls, job: Job) -> StackDumps:
+        return cls(job)
+
+    def on_dump(self, reason: str, now: float, running: Running) -> None:
+        job, plan = self.job, self.job.plan
+        left = [left_at(w.slot.rank, w.code, now - w.ended) for w in running.workers
+                if w.status is not None and w.ended is not None]
+        dump = take(targets(running.workers), reason, job.env, left, plan.world_size)
+        if plan.nnodes > 1:  # the verdict covers the job: node 0 reads the other nodes' reports
+            dump, problem = shared(dump, plan.node_rank, plan.nnodes, (job.spec.master_addr, job.port),
+                                   f"{job.spec.run_id}/attempt{job.attempt}")
+            if problem:
+                job.say(f"ddpboot: {problem}")
+        write(dump, job.paths.root, job.say, kept=not job.temporary)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.launch.gpuwatch import RankGpus, findings, health_findings, owners
+from ddpboot.launch.observe.base import End
+from ddpboot.launch.observe.gpuwatch import GpuWatch, RankGpus, findings, health_findings, owners
+from ddpboot.launch.observe.status import read_status
 from ddpboot.launch.procs.leftovers import Proc
-from ddpboot.launch.spec import WatchMode, parse_watch_mode
+from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode, parse_watch_mode
 from ddpboot.selection.activity import GpuHealth, GpuProcess
+from tests.unit.launch.observe.jobs import Attempt, Clock, gpu, job, slot, worker
 
 MIB = 1 << 20
 RUN = Path("/tmp/ddpboot-x")
@@ -98,3 +102,29 @@ def test_a_mig_ranks_process_listed_under_its_physical_gpu_is_no_finding() -> No
     procs = [GpuProcess("GPU-parent3", "3", 100, 512 * MIB), GpuProcess("GPU-other", "4", 101, 512 * MIB)]
     found = findings(procs, [mig], TABLE, owners(TABLE, [mig], RUN), 50)
     assert [f.key for f in found] == [("wrong", 0, "GPU-other")]  # GPU 4 is not its GPU; GPU 3 holds its instance
+
+
+def test_as_an_observer_it_looks_every_interval_and_strict_ends_the_attempt(tmp_path: Path) -> None:
+    """This test process plays rank 0, on GPU 0, and holds memory on GPU 1 in the simulated inventory."""
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps([
+        {"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b", "processes": [
+            {"pid": os.getpid(), "used_memory": 512 * MIB}]}]))
+    clock, said = Clock(10.0), []
+    env = {"DDPBOOT_FAKE_GPUS": str(inventory)}
+    assert GpuWatch.start(job(tmp_path, clock, said, env=env)) is None  # no rank has a GPU
+    slots = (slot(0, (gpu(0),)),)
+    assert GpuWatch.start(job(tmp_path, clock, said, slots, env=env, gpu_watch=WatchMode.OFF)) is None
+    j = job(tmp_path, clock, said, slots, env=env, gpu_watch=WatchMode.STRICT, gpu_watch_interval=5.0)
+    watch = GpuWatch.start(j)
+    assert watch is not None and watch.due(10.0) == 15.0
+    running = Attempt([worker(0, os.getpid(), (gpu(0),))])
+    assert watch.on_wake(12.0, running) == () and not said  # not due yet
+    assert watch.on_wake(15.0, running) == (End(GPU_WATCH_EXIT, "--gpu-watch strict"),)
+    assert len(said) == 1 and said[0].startswith("ddpboot: gpu watch: rank 0 (the rank itself) holds 512 MiB on GPU 1")
+    assert said[0].endswith(f"; --gpu-watch strict: ending the job (exit code {GPU_WATCH_EXIT})")
+    assert watch.due(15.0) == 20.0 and watch.on_wake(20.0, running) == ()  # said once, ended once
+    watch.close()
+    j.status.update([])  # the warning is kept for `ddpboot top`
+    data = read_status(tmp_path)
+    assert data is not None and list(data.warnings) == said

@@ -1,4 +1,4 @@
-"""Reading NCCL's flight recorder dumps back (ddpboot/launch/stacks/flight.py): torch's pickle and JSON, one rank's
+"""Reading NCCL's flight recorder dumps back (launch/observe/stacks/flight.py): torch's pickle and JSON, one rank's
 collectives per process group, and every way a file can be unreadable, said per file, never raised."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.launch.stacks.flight import MAX_BYTES, PREFIX, Call, dump_files, load, parse, read_dir
-from tests.unit.launch.stacks.flight_dumps import as_json, dump, entry, write
+from ddpboot.launch.observe.stacks.flight import MAX_BYTES, PREFIX, Call, dump_files, load, parse, read_dir
+from tests.unit.launch.observe.stacks.flight_dumps import as_json, dump, entry, write
 
 
 def test_a_rank_s_last_collective_and_last_completed_one_per_process_group(tmp_path: Path) -> None:

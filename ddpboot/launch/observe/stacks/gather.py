@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ddpboot.launch.stacks.flight import Flight, from_json, to_json
-from ddpboot.launch.stacks.summary import Wait
-from ddpboot.launch.stacks.verdict import Left, Seen
+from ddpboot.launch.observe.stacks.flight import Flight, from_json, to_json
+from ddpboot.launch.observe.stacks.summary import Wait
+from ddpboot.launch.observe.stacks.verdict import Left, Seen
 from ddpboot.tcpstore.client import StoreClient
 
 FRESH = 60.0  # seconds an entry describes the job's present

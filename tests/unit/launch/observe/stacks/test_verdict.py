@@ -1,4 +1,4 @@
-"""The verdict of a stack dump (ddpboot/launch/stacks/verdict.py): which rank to look at, from where each rank is."""
+"""The verdict of a stack dump (launch/observe/stacks/verdict.py): which rank to look at, from where each rank is."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import pytest
 
 from ddpboot.contract import STACKS_END_LINE
-from ddpboot.launch.stacks.collect import CPU, RankStack, RankTarget
-from ddpboot.launch.stacks.dump import VERDICT_PREFIX, Dump, left_at
-from ddpboot.launch.stacks.flight import Flight
-from ddpboot.launch.stacks.flight import parse as parse_dump
-from ddpboot.launch.stacks.gather import NodeReport, decode, encode, key
-from ddpboot.launch.stacks.summary import Wait, classify, parse
-from ddpboot.launch.stacks.verdict import Left, Seen, judge, place, ranks_text
-from tests.unit.launch.stacks.flight_dumps import dump, entry
-from tests.unit.launch.stacks.samples import (
+from ddpboot.launch.observe.stacks.collect import CPU, RankStack, RankTarget
+from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX, Dump, left_at
+from ddpboot.launch.observe.stacks.flight import Flight
+from ddpboot.launch.observe.stacks.flight import parse as parse_dump
+from ddpboot.launch.observe.stacks.gather import NodeReport, decode, encode, key
+from ddpboot.launch.observe.stacks.summary import Wait, classify, parse
+from ddpboot.launch.observe.stacks.verdict import Left, Seen, judge, place, ranks_text
+from tests.unit.launch.observe.stacks.flight_dumps import dump, entry
+from tests.unit.launch.observe.stacks.samples import (
     FAULTHANDLER_DESTROY,
     FAULTHANDLER_ITEM,
     FAULTHANDLER_RECV,

@@ -23,10 +23,9 @@ from pathlib import Path
 
 from ddpboot.contract import STACKS_SIGNAL, STACKS_VAR
 from ddpboot.errors import UsageError
-from ddpboot.launch.procs.procstat import is_process, read_stat, signal_if_same
-
-RECORD = "launcher.json"
-STATUS = "status.json"  # launch/status.py's file, which goes with the record
+from ddpboot.launch.procs.procstat import is_process, signal_if_same
+from ddpboot.launch.rundir import RunPaths, write_whole
+from ddpboot.procfs import environ_values, read_stat
 
 
 @dataclass(frozen=True)
@@ -44,28 +43,15 @@ class RunRecord:
         return is_process(self.pid, self.start)
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` beside `path` and rename it into place: whoever looks for the file (`ddpboot stacks`, awaiting
-    a record or a dump) finds it absent or whole, never empty or cut."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            partial.unlink()
-        raise
-
-
 def publish(record: RunRecord) -> None:
     """Write the record into the run directory (best effort: a dump works without it)."""
     with contextlib.suppress(OSError):
-        write_whole(record.run_dir / RECORD, record.to_json() + "\n")
+        write_whole(RunPaths(record.run_dir).record, record.to_json() + "\n")
 
 
 def unpublish(record: RunRecord) -> None:
     with contextlib.suppress(OSError):
-        (record.run_dir / RECORD).unlink()
+        RunPaths(record.run_dir).record.unlink()
 
 
 def _read(path: Path) -> RunRecord | None:
@@ -83,17 +69,19 @@ def no_longer_running(run_dir: Path, record: RunRecord | None) -> UsageError:
     """What to say of a run directory whose record names no running launcher; a record whose launcher has certainly
     exited is removed with the status file, when they are this user's."""
     if record is None:
-        return UsageError(f"the job of run directory {run_dir} is not running (its {RECORD} cannot be read).")
+        return UsageError(f"the job of run directory {run_dir} is not running (its {RunPaths.RECORD} cannot be "
+                          "read).")
     if record.start is None:
-        return UsageError(f"the job of run directory {run_dir} cannot be checked: its {RECORD} names pid "
+        return UsageError(f"the job of run directory {run_dir} cannot be checked: its {RunPaths.RECORD} names pid "
                           f"{record.pid} without its start time (written by an older ddpboot), and that pid may be "
                           "another process by now; it is left alone.")
     removed = []
-    for name in (RECORD, STATUS):
+    paths = RunPaths(run_dir)
+    for path in (paths.record, paths.status):
         with contextlib.suppress(OSError):
-            if (run_dir / name).stat().st_uid == os.getuid():
-                (run_dir / name).unlink()
-                removed.append(name)
+            if path.stat().st_uid == os.getuid():
+                path.unlink()
+                removed.append(path.name)
     cleaned = f"; its stale {' and '.join(removed)} removed" if removed else ""
     reused = f", and pid {record.pid} is now another process, left alone" if read_stat(record.pid) else ""
     return UsageError(f"that job is no longer running: the launcher of run directory {run_dir} (pid {record.pid}) "
@@ -102,33 +90,17 @@ def no_longer_running(run_dir: Path, record: RunRecord | None) -> UsageError:
 
 def stacks_paths() -> set[Path]:
     """The stacks files (STACKS_VAR) of this user's running ranks, from /proc/PID/environ."""
-    key = STACKS_VAR.encode() + b"="
-    out = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if proc.stat().st_uid != os.getuid():
-                continue
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(key):
-                out.add(Path(item[len(key):].decode(errors="replace").partition(":")[2]))
-    return out
+    return {Path(value.partition(":")[2]) for value in environ_values(STACKS_VAR, os.getuid()).values()}
 
 
 def running() -> list[RunRecord]:
-    """This user's running launchers: the run directories above their ranks' stacks files (attempt_N/, and
-    round_R/ in an elastic job) that hold a live launcher's record."""
+    """This user's running launchers: the run directories of their ranks' stacks files that hold a live launcher's
+    record."""
     records: dict[int, RunRecord] = {}
     for path in stacks_paths():
-        for run_dir in list(path.parents)[1:3]:
-            rec = _read(run_dir / RECORD)
-            if rec is not None and rec.running():
-                records[rec.pid] = rec
-                break
+        rec = _read(RunPaths.of_stacks_file(path).record)
+        if rec is not None and rec.running():
+            records[rec.pid] = rec
     return [records[pid] for pid in sorted(records)]
 
 
@@ -144,8 +116,8 @@ def find(run: str | None) -> RunRecord:
         listing = "; ".join(f"pid {r.pid} (run id {r.run_id})" for r in jobs)
         raise UsageError(f"{len(jobs)} ddpboot jobs are running: {listing}. Give one as RUN (a pid or a run id).")
     path = Path(run)
-    if (path / RECORD).is_file():
-        rec = _read(path / RECORD)
+    if RunPaths(path).record.is_file():
+        rec = _read(RunPaths(path).record)
         if rec is not None and rec.running():
             return rec
         raise no_longer_running(path, rec)
@@ -156,19 +128,15 @@ def find(run: str | None) -> RunRecord:
     raise UsageError(f"RUN {run!r} is no running ddpboot job's pid, run id or run directory (running: {known}).")
 
 
-def dumps(run_dir: Path) -> set[Path]:
-    return set(run_dir.glob("stacks-*.json"))
-
-
 def request_dump(record: RunRecord, timeout: float) -> Path | None:
     """Send the launcher STACKS_SIGNAL (only if the record's pid still names it); the new dump's JSON file, or None
     if none came within `timeout`."""
-    before = dumps(record.run_dir)
+    before = RunPaths(record.run_dir).dumps()
     if not signal_if_same(record.pid, record.start, STACKS_SIGNAL):
         raise no_longer_running(record.run_dir, record)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        new = dumps(record.run_dir) - before
+        new = RunPaths(record.run_dir).dumps() - before
         if new:
             return max(new, key=lambda p: p.stat().st_mtime)
         if not record.running():

@@ -1,4 +1,6 @@
-"""--stall-timeout's notion of progress, pure: samples in, "has anything moved" out.
+"""--stall-timeout while the job runs: its notion of progress (StallWatch, pure: samples in, "has anything moved"
+out), and the observer that feeds it (`Stall`: the running ranks' CPU time from /proc, the output and exits the loop
+reports, the ranks' stacks while the job is quiet) and answers Stalled.
 
 Two ways to be stalled, both after at least the timeout without output and without a rank exiting:
 - idle: for the whole timeout, no rank used BUSY of a core (or BUSY_SECONDS) between two samples nor was found
@@ -14,8 +16,12 @@ A snapshot that could not read every rank (no backend) never counts as "the same
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+
+from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running, Stalled
+from ddpboot.launch.observe.stacks.dump import fingerprint, take, targets
+from ddpboot.procfs import read_stat
 
 STALL_SAMPLE = 1.0  # seconds between CPU samples (a fifth of --stall-timeout when that is shorter)
 BUSY = 0.1  # the share of a core a rank must use between samples for its CPU time to count as progress ...
@@ -83,3 +89,69 @@ class StallWatch:
             self.snapshot, self.same_since = fingerprint, now
             return False
         return now - self.same_since >= self.timeout / 2 and now - self.quiet_since >= self.timeout
+
+
+def cpu_samples(workers: Sequence[Rank]) -> dict[int, tuple[float, bool]]:
+    """Each running worker's CPU time (user + system, every thread) and whether its main thread is running or
+    waiting for a core (state R or D), by index; the workers gone or not started are left out."""
+    out = {}
+    for i, w in enumerate(workers):
+        stat = read_stat(w.pid) if w.pid and w.status is None else None
+        if stat is not None:
+            out[i] = (stat.cpu, stat.state in ("R", "D"))
+    return out
+
+
+class Stall(Observer):
+    """--stall-timeout: a CPU sample of the running ranks when one is due, the stall checked at every wake-up, the
+    ranks' stacks compared when StallWatch asks; nothing once the attempt is being stopped. `sample` and
+    `fingerprint` read the ranks (cpu_samples, the stacks' fingerprint)."""
+
+    def __init__(self, timeout: float, now: float, clock: Callable[[], float],
+                 sample: Callable[[Sequence[Rank]], dict[int, tuple[float, bool]]],
+                 fingerprint: Callable[[Sequence[Rank]], Hashable | None]) -> None:
+        self.watch = StallWatch.start(timeout, now)
+        self.clock = clock
+        self.sample = sample
+        self.fingerprint = fingerprint
+        self.output = 0  # bytes the ranks wrote
+        self.exited = 0  # ranks that exited
+        self.stopped = False
+
+    @classmethod
+    def start(cls, job: Job) -> Stall | None:
+        if job.spec.stall_timeout is None:
+            return None
+
+        def stacks(workers: Sequence[Rank]) -> Hashable | None:
+            return fingerprint(take(targets(workers), "snapshot", job.env))
+
+        return cls(job.spec.stall_timeout, job.clock(), job.clock, cpu_samples, stacks)
+
+    def due(self, now: float) -> float | None:
+        return None if self.stopped else self.watch.next_sample
+
+    def on_output(self, rank: int, data: bytes) -> None:
+        self.output += len(data)
+
+    def on_exit(self, worker: Rank) -> None:
+        self.exited += 1
+
+    def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
+        if self.stopped or running.stopping:
+            self.stopped = True
+            return ()
+        w = self.watch
+        if now >= w.next_sample:
+            samples = self.sample(running.workers)
+            w.observe(now, {i: s[0] for i, s in samples.items()}, self.output, self.exited,
+                      any(s[1] for s in samples.values()))
+        if w.stalled(now):
+            return self._stalled("no output, no rank exited, no rank busy on a CPU")
+        if w.snapshot_due(now) and w.snapshot_taken(self.clock(), self.fingerprint(running.workers)):
+            return self._stalled("no output, no rank exited, the same stacks in every rank")
+        return ()
+
+    def _stalled(self, why: str) -> Sequence[Answer]:
+        self.stopped = True
+        return (Stalled(self.watch.timeout, why),)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpboot.launch.observe.base import Answer, End, Job, Observer, Running
 from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
@@ -184,9 +185,10 @@ def rank_gpus(plan: Plan, pids: Mapping[int, int]) -> list[RankGpus]:
 
 
 @dataclass
-class GpuWatch:
+class GpuWatch(Observer):
     """The watch of one attempt: `reader` gives one reading (fake or NVML); `say` tells the user; `check` returns
-    whether `strict` must end the job."""
+    whether `strict` must end the job. As an observer: a reading every `interval` seconds while it is active (a
+    watch that cannot read the GPUs says so once and stops), `strict` answering End(GPU_WATCH_EXIT)."""
 
     mode: WatchMode
     plan: Plan
@@ -199,6 +201,15 @@ class GpuWatch:
     broken: bool = False
     ended: bool = False  # strict has ended the attempt
     ecc_before: dict[str, int | None] | None = None  # each GPU's uncorrected ECC count at the first reading
+    next_look: float = 0.0  # the loop's clock
+
+    @classmethod
+    def start(cls, job: Job) -> GpuWatch | None:
+        watch = cls(job.spec.gpu_watch, job.plan, job.env, job.paths.root, job.warn, job.spec.gpu_watch_interval)
+        if not watch.active:
+            return None
+        watch.next_look = job.clock() + watch.interval
+        return watch
 
     @property
     def active(self) -> bool:
@@ -233,6 +244,20 @@ class GpuWatch:
                                    if f.wrong_gpu and self.mode is WatchMode.STRICT else ""))
             end = end or (f.wrong_gpu and self.mode is WatchMode.STRICT)
         return end
+
+    # Started only when active (`start`): what can end that is a broken reading.
+    def due(self, now: float) -> float | None:
+        return None if self.broken else self.next_look
+
+    def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
+        if self.broken or now < self.next_look:
+            return ()
+        self.next_look = now + self.interval
+        pids = {w.slot.rank: w.pid for w in running.workers if w.pid and w.status is None}
+        if self.check(pids) and not self.ended:
+            self.ended = True
+            return (End(GPU_WATCH_EXIT, "--gpu-watch strict"),)
+        return ()
 
     def close(self) -> None:
         if self.reader is not None:

@@ -10,7 +10,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from ddpboot.launch.stacks.flight import PREFIX
+from ddpboot.launch.observe.stacks.flight import PREFIX
 
 
 def entry(record_id: int, seq: int, op: str = "all_reduce", state: str = "completed", *, pg: str = "0",

@@ -3,8 +3,8 @@ torch 2.13)."""
 
 from __future__ import annotations
 
-from ddpboot.launch.stacks.summary import describe, parse, without_launch_frames
-from tests.unit.launch.stacks.samples import (
+from ddpboot.launch.observe.stacks.summary import describe, parse, without_launch_frames
+from tests.unit.launch.observe.stacks.samples import (
     FAULTHANDLER_DESTROY,
     FAULTHANDLER_ITEM,
     FAULTHANDLER_RECV,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpboot.launch.stacks.flight import Call, Flight, Group, read_dir
-from ddpboot.launch.stacks.verdict import Verdict, ranks_text
+from ddpboot.launch.observe.stacks.flight import Call, Flight, Group, read_dir
+from ddpboot.launch.observe.stacks.verdict import Verdict, ranks_text
 
 MAX_CLAUSES = 3  # process groups named in one verdict
 

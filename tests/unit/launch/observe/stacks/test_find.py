@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from ddpboot.errors import UsageError
+from ddpboot.launch.observe.stacks import find as finder
+from ddpboot.launch.observe.stacks.find import RunRecord, find, publish, request_dump, unpublish
 from ddpboot.launch.procs.procstat import start_of
-from ddpboot.launch.stacks import find as finder
-from ddpboot.launch.stacks.find import RECORD, STATUS, RunRecord, find, publish, request_dump, unpublish
+from ddpboot.launch.rundir import RunPaths
 
 ME = start_of(os.getpid())
 
@@ -22,14 +23,14 @@ def test_a_run_directory_with_a_live_launcher_is_found_and_unpublished(tmp_path:
     publish(me)
     assert find(str(tmp_path)) == me
     unpublish(me)
-    assert not (tmp_path / RECORD).exists()
+    assert not (tmp_path / RunPaths.RECORD).exists()
     with pytest.raises(UsageError, match="is no running ddpboot job's pid"):
         find(str(tmp_path))
 
 
 def test_a_dead_launchers_record_is_no_longer_running_and_removed(tmp_path: Path) -> None:
     publish(RunRecord(2**22 + 11, "run-8", tmp_path, 12345))  # no such process
-    (tmp_path / STATUS).write_text("{}")
+    (tmp_path / RunPaths.STATUS).write_text("{}")
     with pytest.raises(UsageError, match=r"that job is no longer running: .* \(pid 4194315\) has exited; its stale "
                        "launcher.json and status.json removed"):
         find(str(tmp_path))
@@ -42,16 +43,16 @@ def test_a_record_whose_pid_is_now_another_process_is_not_signalled(tmp_path: Pa
     publish(stale)
     with pytest.raises(UsageError, match="that job is no longer running"):
         find(str(tmp_path))
-    assert not (tmp_path / RECORD).exists()
+    assert not (tmp_path / RunPaths.RECORD).exists()
     with pytest.raises(UsageError, match="no longer running"):
         request_dump(stale, 1.0)  # the signal would have killed this process (SIGUSR2's default)
 
 
 def test_a_record_without_a_start_time_is_left_alone(tmp_path: Path) -> None:
-    (tmp_path / RECORD).write_text(f'{{"pid": {os.getpid()}, "run_id": "old", "run_dir": "{tmp_path}"}}')
+    (tmp_path / RunPaths.RECORD).write_text(f'{{"pid": {os.getpid()}, "run_id": "old", "run_dir": "{tmp_path}"}}')
     with pytest.raises(UsageError, match=r"without its start time .* it is left alone"):
         find(str(tmp_path))
-    assert (tmp_path / RECORD).exists()
+    assert (tmp_path / RunPaths.RECORD).exists()
 
 
 def test_without_run_the_only_job_or_a_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +115,7 @@ def test_the_record_is_read_whole_while_it_is_written(tmp_path: Path) -> None:
     """Another process reading the record while the launcher writes it (`ddpboot stacks RUN_DIR` just after the
     start) finds it absent or whole, never empty or cut."""
     me = RunRecord(os.getpid(), "run-torn", tmp_path)
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path / RECORD)], stdout=subprocess.PIPE,
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path / RunPaths.RECORD)], stdout=subprocess.PIPE,
                               text=True)
     assert reader.stdout is not None and reader.stdout.readline() == "ready\n"
     for _ in range(3000):
@@ -122,4 +123,4 @@ def test_the_record_is_read_whole_while_it_is_written(tmp_path: Path) -> None:
     (tmp_path / "done").touch()
     torn, whole = (int(n) for n in reader.communicate(timeout=60)[0].split())
     assert whole > 0 and torn == 0, f"{torn} torn reads of {torn + whole}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["done", RECORD]  # nothing half-written left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done", RunPaths.RECORD]  # nothing half-written beside it

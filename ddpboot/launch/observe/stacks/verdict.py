@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ddpboot.launch.stacks.summary import Wait
+from ddpboot.launch.observe.stacks.summary import Wait
 
 
 @dataclass(frozen=True)

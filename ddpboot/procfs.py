@@ -1,0 +1,94 @@
+"""The kernel's process table, read in one place: /proc/PID/stat parsed (a process's, or a thread's under
+/proc/self/task), a process's owner, command line and environment variables, and the scan of every process's
+environment for one variable. Nothing here decides anything, and it imports nothing of ddpboot, so every layer may
+read /proc through it: the launcher (the supervisor's CPU samples, the leftover search, the GPU watch's owners,
+`ddpboot top`'s sampler, `ddpboot stacks` finding its jobs), a rank (worker/exiting.py: its threads' states) and
+the cluster environments (an MPI rank's launcher process). Every reader answers None (or nothing) for a process
+that is gone or unreadable: a process may exit between any two reads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+TASKS = Path("/proc/self/task")  # this process's threads, each read as a process of its own
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    comm: str
+    state: str  # the kernel's state letter: R, S, D, Z, ...
+    ppid: int
+    cpu: float  # seconds of CPU, user + system, every thread
+    start: int  # start time in clock ticks since boot: a pid and this name a process
+    rss: int  # resident bytes
+
+
+def read_stat(pid: int, proc: Path = PROC) -> ProcStat | None:
+    """The process's stat line, parsed (the command name may hold spaces and parentheses: the fields are counted
+    from its last `)`); None when it is gone (or pid is 0 or less: not started)."""
+    if pid <= 0:
+        return None
+    try:
+        raw = (proc / str(pid) / "stat").read_bytes().decode(errors="replace")
+        comm = raw[raw.find("(") + 1 : raw.rfind(")")]
+        f = raw[raw.rfind(")") + 2 :].split()
+        return ProcStat(comm, f[0], int(f[1]), (int(f[11]) + int(f[12])) / TICKS, int(f[19]), int(f[21]) * PAGE)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pids(proc: Path = PROC) -> list[int]:
+    """Every pid in the table (every thread id under TASKS); OSError where it cannot be listed."""
+    return [int(name) for name in os.listdir(proc) if name.isdigit()]
+
+
+def owner(pid: int, proc: Path = PROC) -> int | None:
+    """The uid the process runs as (its /proc directory's owner); None when gone."""
+    try:
+        return (proc / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def cmdline(pid: int, proc: Path = PROC) -> list[str] | None:
+    """The process's arguments (none for a kernel thread or a zombie); None when gone."""
+    try:
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in argv if a]
+
+
+def environ_value(pid: int, name: str, proc: Path = PROC) -> str | None:
+    """The value of variable `name` in the process's environment (as it was at exec); None when it has none, or
+    the environment cannot be read (another user's, a process that is gone)."""
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    key = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key) :].decode(errors="replace")
+    return None
+
+
+def environ_values(name: str, uid: int, proc: Path = PROC) -> dict[int, str]:
+    """pid → the value of `name` for every process of `uid` whose environment has it."""
+    out: dict[int, str] = {}
+    try:
+        found = pids(proc)
+    except OSError:
+        return out
+    for pid in found:
+        if owner(pid, proc) != uid:
+            continue
+        value = environ_value(pid, name, proc)
+        if value is not None:
+            out[pid] = value
+    return out
