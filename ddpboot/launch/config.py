@@ -72,6 +72,7 @@ from ddpboot.launch.spec import (
     parse_watch_mode,
 )
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
+from ddpboot.nodes.hostfile import HostOptions
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
 from ddpboot.nodes.outcome import LinkTiming, link_timing
 from ddpboot.nodes.static import NodeSetup
@@ -85,6 +86,7 @@ from ddpboot.units import parse_duration
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "DEFAULT_SIGNALS",
+    "HostOptions",
     "LaunchConfig",
     "NodeOptions",
     "OutputConfig",
@@ -110,6 +112,7 @@ class RunOptions:
     args: tuple[str, ...] = ()
     selection: SelectionOptions = field(default_factory=SelectionOptions)
     nodes: NodeOptions = field(default_factory=NodeOptions)
+    hosts: HostOptions = field(default_factory=HostOptions)  # --hostfile / --hosts: launch/remote.py runs them
     module: bool = False
     no_python: bool = False
     run_path: bool = False
