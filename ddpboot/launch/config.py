@@ -144,6 +144,7 @@ class RunOptions:
     log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
     numa_binding: str | None = None  # torchrun's NUMA policy, as the request's CPU affinity
+    no_network_check: bool = False  # --no-network-check: the nodes' check-in skips nodes/netprobe.py's check
     dry_run: bool = False
     refused: Mapping[str, str | None] = field(default_factory=dict)  # torchrun options ddpboot refuses, as given
     from_env: Mapping[str, str] = field(default_factory=dict)
@@ -268,6 +269,7 @@ class LaunchConfig:
     warm: bool = False  # forked by this user's warm process (kept between launches), started if there is none
     warm_idle: float = 900.0  # --warm-idle: the warm process exits after this long without launches
     wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
+    network_check: bool = True  # the nodes' check-in checks their bootstrap addresses (nodes/netprobe.py)
     dry_run: bool = False
     notes: tuple[str, ...] = ()  # what the launcher says before it starts (a note each)
 
@@ -364,7 +366,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
             rdzv_conf=conf, join_timeout=join_timeout(conf), link_timing=link_timing(conf),
             output=output, fast_start=fast, preloads=preloads, warm=fast and o.warm, warm_idle=warm_idle,
-            wait_for_gpus=wait,
+            wait_for_gpus=wait, network_check=not o.no_network_check,
             dry_run=o.dry_run, notes=tuple(notes),
         )
 
