@@ -121,7 +121,8 @@ def _render(job: remote.HostsJob, rows: list[dict[str, Any]]) -> None:
     counts = [len(r["ranks"]) for r in rows if r.get("ranks")]
     world = f"world size {sum(counts)} · " if len(counts) == len(rows) else ""
     con = console()
-    con.print(escape(f"{world}{len(rows)} nodes from {job.source} · store at {job.master[0]}:{job.master[1]}"))
+    nodes = f"{len(rows)} node{'s' if len(rows) > 1 else ''}"
+    con.print(escape(f"{world}{nodes} from {job.source} · {remote.store_text(job)}"))
     table = Table(show_edge=False, header_style="bold")
     for header in ("host", "node", "ranks", "GPUs", "started"):
         table.add_column(header, no_wrap=True)

@@ -70,7 +70,7 @@ class HostsJob:
     hello: bytes  # what every host's launcher reads first (launch/tether.py)
     variables: tuple[str, ...]  # the names of the variables it carries
     source: str  # the hostfile, or --hosts
-    master: tuple[str, int]  # node 0's store address
+    master: tuple[str, int | None]  # node 0's store address (one host, no port asked for: bound at launch)
     ssh: SshOptions
     cwd: Path
     kill_after: float = 30.0 + STOP_MARGIN
@@ -101,7 +101,7 @@ def _job(hosts: HostList, selection: SelectionOptions, nodes: NodeOptions, host_
     n = len(hosts.hosts)
     names = {socket.gethostname(), socket.getfqdn(), socket.gethostname().split(".")[0]}
     addr = nodes.master_addr or _node0_address(hosts, names)
-    port = check_port(nodes.master_port, "--master-port") if nodes.master_port else DEFAULT_MASTER_PORT
+    port = check_port(nodes.master_port, "--master-port") if nodes.master_port else None
     ssh = ssh_options(env, host_options.ssh_port, host_options.ssh_identity_file)
     python = sys.executable
     specs = []
@@ -114,7 +114,7 @@ def _job(hosts: HostList, selection: SelectionOptions, nodes: NodeOptions, host_
         specs.append(HostSpec(host, node, tuple(argv), local))
     variables = forwarded_env(env, host_options.env)
     return HostsJob(tuple(specs), hello_line(version, variables), tuple(sorted(variables)), hosts.source,
-                    (addr, port), ssh, cwd, shutdown + STOP_MARGIN)
+                    (addr, port or (DEFAULT_MASTER_PORT if n > 1 else None)), ssh, cwd, shutdown + STOP_MARGIN)
 
 
 def _refuse_node_options(nodes: NodeOptions, source: str) -> None:
@@ -151,8 +151,14 @@ def _selection_args(selection: SelectionOptions) -> list[str]:
 # --- the dry run ------------------------------------------------------------------------------------------------
 
 
+def store_text(job: HostsJob) -> str:
+    if job.master[1] is None:
+        return "one node: its store on loopback, on a port it binds itself"
+    return f"node 0's store at {job.master[0]}:{job.master[1]}"
+
+
 def dry_run_lines(job: HostsJob) -> list[str]:
-    lines = [f"{len(job.specs)} hosts from {job.source}, node 0's store at {job.master[0]}:{job.master[1]}"]
+    lines = [f"{len(job.specs)} host{'s' if len(job.specs) > 1 else ''} from {job.source}, {store_text(job)}"]
     for spec in job.specs:
         how = "this machine, no ssh" if spec.local else "over ssh"
         lines.append(f"node {spec.node} on {spec.host.name} ({how}): {spec.shown()}")

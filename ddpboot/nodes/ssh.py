@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 from ddpboot.errors import UsageError
 from ddpboot.nodes.hostfile import Host
+from ddpboot.nodes.static import DEFAULT_MASTER_PORT
 
 REMOTE_MODULE = "ddpboot.cli.remote"
 MARKER = "ddpboot-remote: started"  # a host's launcher says so on stderr once its tether runs (launch/tether.py)
 SSH_COMMAND_VAR = "DDPBOOT_SSH_COMMAND"
 SSH_DEFAULTS = ("-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=5",
                 "-o", "ServerAliveCountMax=3")
-CONNECT_TIMEOUT = 5.0
 
 # The variables a job needs on every host (docs/clusters.md lists them): where programs and libraries are, Python's
 # own, the communication libraries' and torch's settings, ddpboot's. CUDA_VISIBLE_DEVICES is each host's own
@@ -110,10 +110,13 @@ def local_argv(python: str, args: Sequence[str]) -> list[str]:
     return [python, "-m", REMOTE_MODULE, *args]
 
 
-def node_args(nnodes: int, node_rank: int, master_addr: str, master_port: int) -> list[str]:
-    """The node options every host's launcher gets (its own node rank)."""
+def node_args(nnodes: int, node_rank: int, master_addr: str, master_port: int | None) -> list[str]:
+    """The node options every host's launcher gets (its own node rank); one host needs no store address (its
+    launcher binds a free port on loopback itself) unless one was asked for."""
+    if nnodes == 1:
+        return ["--nnodes", "1", *(["--master-port", str(master_port)] if master_port else [])]
     return ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", master_addr,
-            "--master-port", str(master_port)]
+            "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
 
 
 def connect_failure(host: Host, code: int, lines: Sequence[str], ssh: SshOptions) -> str:

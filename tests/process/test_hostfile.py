@@ -225,3 +225,30 @@ def test_plan_shows_the_whole_job_as_each_host_plans_it(tmp_path: Path, sshd: Ss
     assert "world size 4 · 2 nodes from" in table.stdout and "1, 2 (Simulated GPU 80GB)" in table.stdout, table.stdout
     blind = subprocess.run([*base, "--no-probe"], env=env, capture_output=True, text=True, timeout=60)
     assert blind.returncode == 0 and blind.stdout.count("not asked") == 2, blind.stdout + blind.stderr
+    (tmp_path / "hosts").write_text("127.0.0.2 slots=2\n127.0.0.4 slots=2\n")  # no sshd on 127.0.0.4
+    refused = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("ddpboot: error: 127.0.0.4 (node 1): ssh could not run ddpboot there"), \
+        refused.stderr
+
+
+def test_dry_run_shows_each_hosts_command_and_what_it_is_sent() -> None:
+    """No sshd needed: nothing starts. The first host written `localhost` is this machine (no ssh), and the others
+    reach its store at this machine's name; --master-addr overrides that; --env adds a variable."""
+    env = clean_env(DDPBOOT_RUN_TAG="t1", MY_SETTING="x")
+    base = [*ddpboot_exe(), "--hosts", "localhost:2,gpu02:2", "--cpu", "--dry-run", "--json", "--env", "MY_SETTING",
+            "--max-restarts", "0"]
+    shown = json.loads(subprocess.run([*base, "nodes_job.py"], env=env, capture_output=True, text=True, timeout=60,
+                                      cwd=SCRIPTS).stdout)
+    assert shown["store"] == {"master_addr": socket.gethostname(), "port": 29500}
+    local, remote = shown["hosts"]
+    assert (local["host"], local["local"], remote["host"], remote["local"]) == ("localhost", True, "gpu02", False)
+    assert local["argv"][1:3] == ["-m", "ddpboot.cli.remote"] and "ssh" not in local["argv"][0]
+    assert remote["argv"][0] == "ssh" and remote["argv"][-2] == "gpu02"
+    command = remote["argv"][-1]
+    assert command.startswith(f"cd {SCRIPTS} && exec ") and "--node-rank 1 --master-addr" in command, command
+    assert command.endswith("--nproc 2 --cpu --max-restarts 0 nodes_job.py"), command
+    assert {"MY_SETTING", "DDPBOOT_RUN_TAG", "PATH"} <= set(shown["variables"]), shown["variables"]
+    over = json.loads(subprocess.run([*base, "--master-addr", "10.1.2.3", "nodes_job.py"], env=env, capture_output=True,
+                                     text=True, timeout=60, cwd=SCRIPTS).stdout)
+    assert over["store"]["master_addr"] == "10.1.2.3" and "--master-addr 10.1.2.3" in over["hosts"][1]["argv"][-1]

@@ -45,8 +45,11 @@ def test_a_host_runs_the_same_interpreter_in_the_same_directory() -> None:
                        "train.py 'a b'")
     assert shlex.split(command)[-4:] == ["--nproc", "2", "train.py", "a b"]
     assert local_argv("/py", ["x"]) == ["/py", "-m", "ddpboot.cli.remote", "x"]
-    assert node_args(2, 1, "h0", 29500) == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h0",
-                                            "--master-port", "29500"]
+    assert node_args(2, 1, "h0", 29600) == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "h0",
+                                            "--master-port", "29600"]
+    assert node_args(2, 0, "h0", None)[-1] == "29500"  # torchrun's default for several nodes
+    assert node_args(1, 0, "h0", None) == ["--nnodes", "1"]  # one host: its launcher binds a free loopback port
+    assert node_args(1, 0, "h0", 29600) == ["--nnodes", "1", "--master-port", "29600"]
 
 
 def test_the_job_variables_go_to_every_host_and_env_adds_more() -> None:
