@@ -31,16 +31,22 @@ demo: venv
 # SLURM tests skip) and make fails at the end.
 # In the same way the MPI tests get Open MPI and MPICH (scripts/ci/mpi-up installs Debian's openmpi-bin and mpich when
 # missing; DDPBOOT_NO_MPI=1 skips it); if that fails, the MPI tests skip and make fails at the end.
+# And the tests of jobs of several hosts get Debian's OpenSSH server (scripts/ci/sshd-up installs openssh-server when
+# missing; the tests start their own sshd on 127.0.0.2 and 127.0.0.3; DDPBOOT_NO_SSHD=1 skips it), the same way.
 WITH_SLURM = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_SLURM:-}" != 1 ]
 WITH_MPI = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_MPI:-}" != 1 ]
+WITH_SSHD = [ "$$(id -u)" = 0 ] && [ "$${DDPBOOT_NO_SSHD:-}" != 1 ]
 test: venv
-	@up=0; mpi=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
+	@up=0; mpi=0; sshd=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
 	if $(WITH_MPI); then scripts/ci/mpi-up || mpi=$$?; fi; \
+	if $(WITH_SSHD); then scripts/ci/sshd-up || sshd=$$?; fi; \
 	rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; \
 	if [ $$up != 0 ]; then echo "make test: scripts/ci/slurm-up failed (exit $$up): the SLURM tests skipped" >&2; \
 	[ $$rc != 0 ] || rc=$$up; fi; \
 	if [ $$mpi != 0 ]; then echo "make test: scripts/ci/mpi-up failed (exit $$mpi): the MPI tests skipped" >&2; \
-	[ $$rc != 0 ] || rc=$$mpi; fi; exit $$rc
+	[ $$rc != 0 ] || rc=$$mpi; fi; \
+	if [ $$sshd != 0 ]; then echo "make test: scripts/ci/sshd-up failed (exit $$sshd): the ssh tests skipped" >&2; \
+	[ $$rc != 0 ] || rc=$$sshd; fi; exit $$rc
 
 test-unit: venv
 	$(PY) -m pytest -q tests/unit

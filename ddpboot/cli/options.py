@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.models import ArgumentInfo
 
-from ddpboot.launch.config import NodeOptions, SelectionOptions
+from ddpboot.launch.config import HostOptions, NodeOptions, SelectionOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -254,6 +254,33 @@ NODE_PARAMS = [
 ]
 
 
+_HOSTS = "Hosts over ssh"
+HOST_PARAMS = [
+    _node_option("hostfile", Annotated[str | None, typer.Option(
+        "--hostfile", rich_help_panel=_HOSTS, metavar="FILE",
+        help="Run one launcher per host of FILE over ssh (DeepSpeed's and Open MPI's format: `HOST slots=N` a line, "
+        "`gpus=0,2` or `exclude=0` per host, `#` comments); the first host is node 0.")], None),
+    _node_option("hosts", Annotated[str | None, typer.Option(
+        "--hosts", rich_help_panel=_HOSTS, metavar="H1:N,H2:N",
+        help="The hosts on the command line, as Horovod's -H: HOST or HOST:SLOTS, comma-separated.")], None),
+    _node_option("ssh_port", Annotated[int | None, typer.Option(
+        "--ssh-port", rich_help_panel=_HOSTS, metavar="PORT",
+        help="The hosts' sshd port (ssh -p); default: your ssh config's.")], None),
+    _node_option("ssh_identity_file", Annotated[str | None, typer.Option(
+        "--ssh-identity-file", rich_help_panel=_HOSTS, metavar="KEY",
+        help="The private key for the hosts (ssh -i); default: your ssh config and agent.")], None),
+    _node_option("env", Annotated[list[str] | None, typer.Option(
+        "--env", rich_help_panel=_HOSTS, metavar="NAME[=VALUE]",
+        help="One more variable for every host's launcher and ranks (repeat the option): NAME from here, or "
+        "NAME=VALUE. PATH, PYTHON*, NCCL_*, GLOO_*, CUDA_*, TORCH_* and a few more go anyway (docs/clusters.md).")],
+        None),
+]
+
+
+def _host_options(**values: Any) -> HostOptions:
+    return HostOptions(**{**values, "env": tuple(values.get("env") or ())})
+
+
 @dataclass(frozen=True)
 class OptionGroup:
     """Options declared once (`params`) that a command receives as one object, built by `make`."""
@@ -265,6 +292,7 @@ class OptionGroup:
 
 SELECTION = OptionGroup("selection", SELECTION_PARAMS, SelectionOptions)
 NODES = OptionGroup("nodes", NODE_PARAMS, NodeOptions)
+HOSTS = OptionGroup("hosts", HOST_PARAMS, _host_options)
 
 
 def only(group: OptionGroup, *names: str) -> OptionGroup:

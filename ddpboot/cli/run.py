@@ -18,7 +18,7 @@ from typing import Any
 
 import typer
 
-from ddpboot.cli.options import NODES, SELECTION, OptionGroup, with_options
+from ddpboot.cli.options import HOSTS, NODES, SELECTION, OptionGroup, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_dry_run
 from ddpboot.cli.run_options import REFUSED, RUN_PARAMS, ArgsArgument, ScriptArgument
@@ -26,7 +26,7 @@ from ddpboot.cli.tools import INDEX_RULES
 from ddpboot.errors import UsageError
 from ddpboot.launch import config as launch_config
 from ddpboot.launch import runner
-from ddpboot.launch.config import LaunchConfig, NodeOptions, RunOptions, SelectionOptions
+from ddpboot.launch.config import HostOptions, LaunchConfig, NodeOptions, RunOptions, SelectionOptions
 from ddpboot.launch.paths import current_directory
 
 run_app = typer.Typer(
@@ -47,13 +47,15 @@ RUN = OptionGroup("own", RUN_PARAMS, dict)
     no_args_is_help=True,
 )
 @handle_errors
-@with_options(SELECTION, NODES, RUN)
+@with_options(SELECTION, NODES, HOSTS, RUN)
 def run(
     script: ScriptArgument,
     selection: SelectionOptions,
     nodes: NodeOptions,
+    hosts: HostOptions,
     own: dict[str, Any],
     from_env: dict[str, str],
+    ctx: typer.Context,
     args: ArgsArgument = None,
 ) -> None:
     """Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code."""
@@ -61,10 +63,14 @@ def run(
     own.pop("print_completion")
     as_json = own.pop("as_json")
     refused = {f"--{name.replace('_', '-')}": own.pop(name) for name in REFUSED}
-    options = RunOptions(script=script, args=tuple(args or ()), selection=selection, nodes=nodes, refused=refused,
-                         from_env=from_env, **own)
+    options = RunOptions(script=script, args=tuple(args or ()), selection=selection, nodes=nodes, hosts=hosts,
+                         refused=refused, from_env=from_env, **own)
     if as_json and not options.dry_run:
         raise UsageError("--json prints a dry run: add --dry-run, or drop --json (a job's output is its ranks').")
+    if hosts.given:  # one launcher per host, over ssh (launch/remote.py)
+        from ddpboot.cli import hosts as on_hosts
+
+        raise typer.Exit(on_hosts.run(options, ctx, as_json))
     try:
         config = launch_config.build(options, dict(os.environ), current_directory())
         code = _dry_run(config, as_json) if config.dry_run else runner.run(config)

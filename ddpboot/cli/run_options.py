@@ -291,6 +291,13 @@ VirtualLocalRankOption = Annotated[
                  help="torchrun's LOCAL_RANK=0 with one GPU per worker: ddpboot's default (--isolation rank)."),
 ]
 
+NoNetworkCheckOption = Annotated[
+    bool,
+    typer.Option("--no-network-check", envvar="DDPBOOT_NO_NETWORK_CHECK", rich_help_panel=_STORE,
+                 help="Several nodes: skip the check, at the nodes' check-in, that every node can reach the address "
+                 "each node's NCCL or gloo bootstrap would use (docs/clusters.md)."),
+]
+
 DryRunOption = Annotated[
     bool,
     typer.Option("--dry-run", rich_help_panel=_OUT,
@@ -373,6 +380,7 @@ RUN_PARAMS = [
     _param("log_line_prefix_template", LogLinePrefixTemplateOption, None),
     _param("virtual_local_rank", VirtualLocalRankOption, False),
     _param("numa_binding", NumaBindingOption, None),
+    _param("no_network_check", NoNetworkCheckOption, False),
     _param("dry_run", DryRunOption, False),
     _param("as_json", JsonOption, False),
     _param("version", VersionOption, False),

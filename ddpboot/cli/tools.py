@@ -14,12 +14,12 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from ddpboot.cli.options import NODES, SELECTION, only, with_options
+from ddpboot.cli.options import HOSTS, NODES, SELECTION, only, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_gpus, render_plan, render_smoke
 from ddpboot.errors import UsageError
 from ddpboot.launch import runner
-from ddpboot.launch.config import NodeOptions, Request, SelectionOptions, build_plan, parse_selection
+from ddpboot.launch.config import HostOptions, NodeOptions, Request, SelectionOptions, build_plan, parse_selection
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.gpu_list import resolve_list
 from ddpboot.selection.inventory import load_inventory
@@ -104,16 +104,28 @@ tools = typer.Typer(
 
 @tools.command("plan", short_help="Which GPU each rank would get; starts nothing.", epilog=INDEX_RULES)
 @handle_errors
-@with_options(SELECTION, NODES)
+@with_options(SELECTION, NODES, HOSTS)
 def plan_cmd(
     selection: SelectionOptions,
     nodes: NodeOptions,
+    hosts: HostOptions,
     from_env: dict[str, str],
+    ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show every column, each GPU's full UUID and PCI bus id "
                                        "included: one block per rank where the table does not fit.")] = False,
+    no_probe: Annotated[bool, typer.Option("--no-probe", help="With --hostfile or --hosts: do not ask the hosts "
+                                           "(their ranks from the slots, their GPUs: not asked).")] = False,
 ) -> None:
     """Show which GPU each rank would get, and what cuda:0 means inside each worker. Starts nothing."""
+    if hosts.given:  # the whole job's map, each host asked over ssh (cli/hosts.py)
+        from ddpboot.cli import hosts as on_hosts
+
+        on_hosts.plan(selection, nodes, hosts, ctx, not no_probe, as_json)
+        return
+    if no_probe:
+        raise UsageError("--no-probe is for a job of several hosts (--hostfile FILE or --hosts H1,H2): there are no "
+                         "hosts to ask here; drop it.")
     plan = plan_for(selection, nodes, from_env)
     if as_json:
         print(json.dumps(runner.plan_json(plan), indent=2))

@@ -73,6 +73,7 @@ from ddpboot.launch.spec import (
     parse_watch_mode,
 )
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
+from ddpboot.nodes.hostfile import HostOptions
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
 from ddpboot.nodes.outcome import LinkTiming, link_timing
 from ddpboot.nodes.static import NodeSetup
@@ -86,6 +87,7 @@ from ddpboot.units import parse_duration
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "DEFAULT_SIGNALS",
+    "HostOptions",
     "LaunchConfig",
     "NodeOptions",
     "OutputConfig",
@@ -111,6 +113,7 @@ class RunOptions:
     args: tuple[str, ...] = ()
     selection: SelectionOptions = field(default_factory=SelectionOptions)
     nodes: NodeOptions = field(default_factory=NodeOptions)
+    hosts: HostOptions = field(default_factory=HostOptions)  # --hostfile / --hosts: launch/remote.py runs them
     module: bool = False
     no_python: bool = False
     run_path: bool = False
@@ -142,6 +145,7 @@ class RunOptions:
     log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
     numa_binding: str | None = None  # torchrun's NUMA policy, as the request's CPU affinity
+    no_network_check: bool = False  # --no-network-check: the nodes' check-in skips nodes/netprobe.py's check
     dry_run: bool = False
     refused: Mapping[str, str | None] = field(default_factory=dict)  # torchrun options ddpboot refuses, as given
     from_env: Mapping[str, str] = field(default_factory=dict)
@@ -266,6 +270,7 @@ class LaunchConfig:
     warm: bool = False  # forked by this user's warm process (kept between launches), started if there is none
     warm_idle: float = 900.0  # --warm-idle: the warm process exits after this long without launches
     wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
+    network_check: bool = True  # the nodes' check-in checks their bootstrap addresses (nodes/netprobe.py)
     dry_run: bool = False
     notes: tuple[str, ...] = ()  # what the launcher says before it starts (a note each)
 
@@ -364,7 +369,7 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
             gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
             rdzv_conf=conf, join_timeout=join_timeout(conf), link_timing=link_timing(conf),
             output=output, fast_start=fast, preloads=preloads, warm=fast and o.warm, warm_idle=warm_idle,
-            wait_for_gpus=wait,
+            wait_for_gpus=wait, network_check=not o.no_network_check,
             dry_run=o.dry_run, notes=tuple(notes),
         )
 

@@ -346,11 +346,13 @@ def _node_check(config: LaunchConfig, plan: Plan, link: NodeLink | None) -> Call
     if nodes.nnodes == 1 and link is None:
         return None
     from ddpboot.nodes.check import check_nodes
+    from ddpboot.nodes.netprobe import NetCheck
 
     def check_in() -> None:
         if nodes.nnodes > 1:
+            net = NetCheck(nodes.node_rank, nodes.nnodes, plan.backend, config.env) if config.network_check else None
             check_nodes(nodes.master_addr, nodes.master_port or 0, nodes.nnodes, nodes.node_rank, len(plan.ranks),
-                        timeout=config.join_timeout, tick=WaitTicker(), hint=nodes.start_hint())
+                        timeout=config.join_timeout, tick=WaitTicker(), hint=nodes.start_hint(), network=net)
         if link is not None:
             link.begin()
 

@@ -16,9 +16,13 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ddpboot.errors import UsageError
 from ddpboot.tcpstore.client import StoreClient, StoreGone, StoreTimeout
+
+if TYPE_CHECKING:
+    from ddpboot.nodes.netprobe import NetCheck
 
 PREFIX = "ddpboot/nodes"
 DEFAULT_JOIN_TIMEOUT = 600.0  # torchrun's rendezvous join_timeout default, and its --rdzv-conf key
@@ -49,15 +53,30 @@ def check_nodes(
     host: str | None = None,
     tick: Callable[[Callable[[], str]], None] | None = None,
     hint: str = "",
+    network: NetCheck | None = None,
 ) -> None:
     """Publish this node's size, wait for all `nnodes`, raise UsageError if they disagree or do not all come.
     `tick(what)` is called at least twice a second while waiting (it may raise to end the wait); `what()` says what
-    the wait is for. `hint`: how every node's launcher is started (NodeSetup.start_hint), for the messages."""
+    the wait is for. `hint`: how every node's launcher is started (NodeSetup.start_hint), for the messages.
+    `network`: this node's part of the network check (nodes/netprobe.py), run once every node is in; closed here."""
+    try:
+        _check_nodes(master_addr, master_port, nnodes, node_rank, local_world_size, timeout, host, tick, hint,
+                     network)
+    finally:
+        if network is not None:
+            network.close()
+
+
+def _check_nodes(master_addr: str, master_port: int, nnodes: int, node_rank: int, local_world_size: int,
+                 timeout: float, host: str | None, tick: Callable[[Callable[[], str]], None] | None, hint: str,
+                 network: NetCheck | None) -> None:
     hint = hint or (f"start one ddpboot per node with the same --nnodes, --master-addr and --master-port and node "
                     f"ranks 0..{nnodes - 1}")
     host = host or socket.gethostname()
     where = f"{master_addr}:{master_port}"
     _tick = _ticker(tick)
+    unreachable = _store_name_note(master_addr) if network is not None and node_rank == 0 else None
+    found: list[str] = []
     try:
         client = StoreClient(master_addr, master_port, connect_timeout=timeout, tick=_tick(
             lambda: f"node {node_rank} of {nnodes} waiting for node 0's store at {where} (node 0's launcher serves "
@@ -70,6 +89,8 @@ def check_nodes(
     with client:
         try:
             claims = client.add(f"{PREFIX}/{node_rank}/claims", 1)
+            if network is not None:  # before the entry: a node that sees the entry finds the report too
+                network.publish(client, PREFIX)
             client.set(f"{PREFIX}/{node_rank}", f"{local_world_size} {host}")
             keys = [f"{PREFIX}/{r}" for r in range(nnodes)]
 
@@ -77,7 +98,7 @@ def check_nodes(
                 missing = [r for r in range(nnodes) if not client.check([f"{PREFIX}/{r}"])]
                 return (f"node {node_rank} of {nnodes} ({host}) waiting at {where} for node"
                         f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} to join, for up to "
-                        f"{timeout:g} s (--rdzv-conf join_timeout=SECONDS)")
+                        f"{timeout:g} s (--rdzv-conf join_timeout=SECONDS){f'; {unreachable}' if unreachable else ''}")
 
             try:
                 client.wait(keys, timeout, tick=_tick(missing_nodes))
@@ -88,8 +109,9 @@ def check_nodes(
                               hint)
                 raise UsageError(
                     f"node{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {nnodes} did not join "
-                    f"the store at {where} within {timeout:g} s, so no worker was started. Every node's launcher "
-                    f"must start: {hint} (or raise the deadline: --rdzv-conf join_timeout=SECONDS)."
+                    f"the store at {where} within {timeout:g} s, so no worker was started. "
+                    f"{f'{unreachable}. Else e' if unreachable else 'E'}very node's launcher must start: {hint} (or "
+                    "raise the deadline: --rdzv-conf join_timeout=SECONDS)."
                 ) from None
             # Every node's entry and claim count in one request (each node added its claim before its entry): a
             # GET per key would be 4 × nnodes round trips per node, 4 × nnodes² requests to node 0's store.
@@ -99,6 +121,9 @@ def check_nodes(
                 count, _, where_r = values[r].decode().partition(" ")
                 sizes[r] = (int(count), where_r)
             dup = [r for r in range(nnodes) if int(values[nnodes + r]) > 1]
+            if network is not None and not dup and claims <= 1 and len({c for c, _ in sizes.values()}) == 1:
+                found = network.run(client, _tick(lambda: f"node {node_rank} of {nnodes} checking that every node "
+                                                          "can reach the others' bootstrap addresses"))
             # Node 0's store must outlive everyone's reading: if node 0 found a mismatch and exited at once, the
             # others would only see the store vanish. So each node says it has read, and node 0 waits for that.
             client.set(f"{PREFIX}/{node_rank}/read", "1")
@@ -120,6 +145,19 @@ def check_nodes(
             "on every node (global rank = node rank × ranks per node + local rank). Give every node the same --nproc "
             "(e.g. the smallest count), or fix the GPUs the odd node sees (`ddpboot plan` on it shows why)."
         )
+    if found:
+        raise UsageError(
+            f"the network check found that init_process_group would hang, so no worker was started: {'; '.join(found)}"
+            ". (Set it where each node's launcher starts; NCCL_SOCKET_IFNAME takes name prefixes, eth for eth0 and "
+            "eth1; a --hostfile job gives every host the NCCL_* and GLOO_* variables set where it starts. "
+            "--no-network-check skips this check.)"
+        )
+
+
+def _store_name_note(master_addr: str) -> str | None:
+    from ddpboot.nodes.netprobe import store_name_note
+
+    return store_name_note(master_addr)
 
 
 def _ticker(

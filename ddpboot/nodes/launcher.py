@@ -31,7 +31,7 @@ from ddpboot.nodes.static import (
     resolve_nodes,
     scheduler_span,
 )
-from ddpboot.tcpstore.address import bind_store_socket, is_loopback
+from ddpboot.tcpstore.address import bind_store_socket, is_loopback, store_host
 
 SEVERAL_NODES_HINT = (
     "for several nodes give --nnodes N with --node-rank and --master-addr (a fixed node count, or srun under SLURM), "
@@ -140,7 +140,7 @@ def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
     this machine (then the store listens there only, not on every interface as torchrun's does)."""
     if nodes.nnodes > 1:
         addr = nodes.master_addr
-        return StoreAddress(addr, LOOPBACK if is_loopback(addr) else addr, nodes.master_port)
+        return StoreAddress(addr, store_host(addr), nodes.master_port)
     port = options.master_port
     if port is not None:
         check_port(port, "--master-port")
@@ -154,8 +154,7 @@ def store_address(nodes: NodeSetup, options: NodeOptions) -> StoreAddress:
             )
         if endpoint_port and port is None:
             port = endpoint_port
-    addr = options.master_addr or LOOPBACK
-    addr = LOOPBACK if is_loopback(addr) else addr
+    addr = store_host(options.master_addr or LOOPBACK)
     return StoreAddress(addr, addr, port or None)
 
 

@@ -63,14 +63,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def store_host(host: str) -> str:
+    """The address a store on `host` listens on and its clients are given: 127.0.0.1 for a loopback name (localhost
+    may resolve to ::1 first), any address as it is (127.0.0.2 is an address of its own, where a store of a node
+    named so must listen)."""
+    return "127.0.0.1" if host.lower() in LOOPBACK_NAMES else host
+
+
 def bind_store_socket(
     host: str, port: int | None, option: str = "--master-port", *, listeners: int = 1, attempts: int = 8
 ) -> socket.socket:
     """Bind and listen on host:port (port 0 or None: any free port). The launcher binds it itself, so there is no
     window in which another process could take the port between choosing and using it. `listeners` > 1: a
     ListenerGroup of that many sockets on one port (module docstring)."""
-    loop = is_loopback(host)
-    addr = "127.0.0.1" if loop else host
+    addr = store_host(host)
     try:
         infos = socket.getaddrinfo(addr, port or 0, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV)
     except OSError as exc:

@@ -154,7 +154,21 @@ class StoreClient:
                     raise
 
     def _wait(self, keys: Sequence[str | bytes], timeout: float) -> None:
+        self.begin_wait(keys)
+        self.end_wait(timeout)
+
+    def fileno(self) -> int:
+        """The connection's socket: readable once the answer to `begin_wait` arrived (for a select loop)."""
+        return self.sock.fileno()
+
+    def begin_wait(self, keys: Sequence[str | bytes]) -> None:
+        """Ask for a wait until every key exists, without waiting here: the answer arrives on `fileno()`, and
+        `end_wait` reads it (or cancels the wait after `timeout`). No other request may come in between."""
         self._send(U8.pack(WAIT) + vecs(_key(k) for k in keys))
+
+    def end_wait(self, timeout: float) -> None:
+        """The end of a wait `begin_wait` asked for: its answer within `timeout` s, else StoreTimeout (the wait
+        cancelled on the server, so the connection stays usable)."""
         try:
             answer = self._recv_u8(timeout)
         except StoreTimeout:

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 import pytest
 
 from ddpboot.errors import UsageError
-from ddpboot.tcpstore.address import ListenerGroup, bind_store_socket, listeners_on, listening_sockets
+from ddpboot.tcpstore.address import (
+    ListenerGroup,
+    bind_store_socket,
+    listeners_on,
+    listening_sockets,
+    store_host,
+)
 
 
 def test_one_listener_is_a_plain_socket() -> None:
@@ -152,3 +158,14 @@ def test_listeners_are_counted_by_address_and_wildcard() -> None:
     finally:
         wildcard.close()
         other.close()
+
+
+def test_a_loopback_name_is_127_0_0_1_and_a_loopback_address_is_itself() -> None:
+    """A node named 127.0.0.2 (a test's host) serves its store there, where the other nodes connect."""
+    assert [store_host(h) for h in ("localhost", "LOCALHOST", "127.0.0.2", "::1", "gpu01")] == [
+        "127.0.0.1", "127.0.0.1", "127.0.0.2", "::1", "gpu01"]
+    sock = bind_store_socket("127.0.0.2", None)
+    try:
+        assert sock.getsockname()[0] == "127.0.0.2"
+    finally:
+        sock.close()
