@@ -139,6 +139,10 @@ def stacks_file(error_file: str) -> Path:
 
 # --- ports -----------------------------------------------------------------------------------------------------
 
+TORCHRUN_MASTER_PORT = 29500
+"""torchrun's MASTER_PORT for a job of several nodes where nothing else names one: the launcher's default there,
+and a rank's where its scheduler gives no job id to derive one from (cluster/base.py `store_port`)."""
+
 
 def is_tcp_port(port: int) -> bool:
     """A port peers can connect to: 1..65535 (0 means "any free port" to bind, which nobody can connect to)."""

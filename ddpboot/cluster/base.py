@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import abc
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
-from ddpboot.contract import Isolation
+from ddpboot.contract import TORCHRUN_MASTER_PORT, Isolation
 from ddpboot.errors import WorkerEnvError
 
 PORT_BASE = 15000
@@ -234,10 +234,31 @@ def check_at_most(name: str, value: int, bound_name: str, bound: int) -> None:
         )
 
 
+def store_port(env: Mapping[str, str], derive: Callable[[], int | None]) -> int:
+    """The store's port, as every task of a job finds it alike: MASTER_PORT when set (schedulers pass it on to every
+    task), else the port `derive` computes from what the scheduler gives every task (a job id: `job_port_of`), else
+    torchrun's TORCHRUN_MASTER_PORT."""
+    explicit = first_set(env, ["MASTER_PORT"])
+    if explicit is not None:
+        return parse_port(*explicit)
+    derived = derive()
+    return TORCHRUN_MASTER_PORT if derived is None else derived
+
+
 def job_port(key: str) -> int:
     """The store port every process of one job derives alike from `key`, a value the launcher gives all of them (a
     job id, a PMIx namespace) when MASTER_PORT is not set: PORT_BASE + crc32(key) mod PORT_SPAN."""
     return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
+
+
+def job_port_of(env: Mapping[str, str], names: Sequence[str], step: str = "") -> int | None:
+    """job_port of `NAME=VALUE` (and ` step`, what one step of the job runs), the first of `names` that is set;
+    None when none is."""
+    found = first_set(env, names)
+    if found is None:
+        return None
+    key = f"{found[0]}={found[1]}"
+    return job_port(f"{key} {step}" if step else key)
 
 
 def one_gpu_each(

@@ -18,11 +18,11 @@ from typing import ClassVar
 from ddpboot.cluster.base import (
     ClusterEnvironment,
     first_set,
-    job_port,
+    job_port_of,
     one_gpu_each,
-    parse_port,
     read_ranks,
     store_host,
+    store_port,
 )
 from ddpboot.errors import WorkerEnvError
 
@@ -79,10 +79,7 @@ class JsrunEnvironment(ClusterEnvironment):
         self._node_rank = min(self._rank // self._local_world_size, self._nnodes - 1)
         one_host = self._local_world_size == self._world_size
         self._main_address = store_host(env, one_host, "" if one_host else _address_fix(env))
-        explicit = first_set(env, ["MASTER_PORT"])
-        step = first_set(env, ["PMIX_NAMESPACE", "LSB_JOBID"])
-        self._main_port = (parse_port(*explicit) if explicit else job_port(f"{step[0]}={step[1]}") if step
-                           else 29500)
+        self._main_port = store_port(env, lambda: job_port_of(env, ["PMIX_NAMESPACE", "LSB_JOBID"]))
 
     @property
     def placed_by_hosts(self) -> bool:

@@ -38,16 +38,16 @@ from ddpboot.cluster.base import (
     check_below,
     first_set,
     job_port,
+    job_port_of,
     one_gpu_each,
     parse_int,
-    parse_port,
     read_ranks,
     store_host,
+    store_port,
 )
+from ddpboot.contract import TORCHRUN_MASTER_PORT
 from ddpboot.errors import WorkerEnvError
 from ddpboot.procfs import PROC, read_stat
-
-DEFAULT_PORT = 29500  # torchrun's default MASTER_PORT
 
 
 class Flavour(NamedTuple):
@@ -176,20 +176,17 @@ class MpiEnvironment(ClusterEnvironment):
 def _address_fix(flavour: Flavour, env: Mapping[str, str]) -> str:
     return (f"{flavour.name}'s variables ({', '.join(flavour.given(env))}) do not say which host runs rank 0, where "
             "the rendezvous store listens. Fix: in the job script, before mpirun, export MASTER_ADDR=$(hostname) (the "
-            f"host where rank 0 starts, the first of the host list) and MASTER_PORT=29500 ({flavour.forward}), or "
-            "start one ddpboot launcher per node (`mpirun --map-by ppr:1:node ddpboot --nproc N --master-addr HOST "
-            f"train.py`). {flavour.unset_fix(env)}")
+            f"host where rank 0 starts, the first of the host list) and MASTER_PORT={TORCHRUN_MASTER_PORT} "
+            f"({flavour.forward}), or start one ddpboot launcher per node (`mpirun --map-by ppr:1:node ddpboot --nproc "
+            f"N --master-addr HOST train.py`). {flavour.unset_fix(env)}")
 
 
 def _store_port(env: Mapping[str, str], flavour: Flavour, one_host: bool) -> int:
     """MASTER_PORT; else derived from the job's id; else, on one host, from the node's MPI launcher process."""
-    explicit = first_set(env, ["MASTER_PORT"])
-    if explicit is not None:
-        return parse_port(*explicit)
-    job = first_set(env, flavour.job)
-    if job is not None:
-        return job_port(f"{job[0]}={job[1]}")
-    pid = launcher_pid() if one_host else None
-    if pid is not None:
-        return job_port(f"pid={pid}")
-    return DEFAULT_PORT
+
+    def derive() -> int | None:
+        port = job_port_of(env, flavour.job)
+        pid = launcher_pid() if port is None and one_host else None
+        return port if pid is None else job_port(f"pid={pid}")
+
+    return store_port(env, derive)

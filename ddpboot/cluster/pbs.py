@@ -36,11 +36,11 @@ from ddpboot.cluster.base import (
     ClusterEnvironment,
     check_below,
     first_set,
-    job_port,
+    job_port_of,
     one_gpu_each,
-    parse_port,
     read_int,
     require,
+    store_port,
 )
 from ddpboot.errors import WorkerEnvError
 
@@ -75,11 +75,7 @@ def in_pbsdsh_task(env: Mapping[str, str]) -> bool:
 def pbs_port(env: Mapping[str, str], step: str = "") -> int:
     """MASTER_PORT when set, else derived from PBS_JOBID and `step`, the command every task of one pbsdsh step
     runs (so that two steps running at once get different ports)."""
-    explicit = first_set(env, ["MASTER_PORT"])
-    if explicit is not None:
-        return parse_port(*explicit)
-    job = "PBS_JOBID=" + require(env, "PBS_JOBID", _CONTEXT)[1]
-    return job_port(f"{job} {step}" if step else job)
+    return store_port(env, lambda: job_port_of(env, [require(env, "PBS_JOBID", _CONTEXT)[0]], step))
 
 
 SISTER_LAUNCHER_FIX = (

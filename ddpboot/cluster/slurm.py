@@ -31,9 +31,9 @@ from ddpboot.cluster.base import (
     check_below,
     first_set,
     one_gpu_each,
-    parse_port,
     read_int,
     require,
+    store_port,
 )
 from ddpboot.cluster.hostlist import MAX_HOSTS, expand_hostlist, first_host
 from ddpboot.errors import DdpbootError, UsageError, WorkerEnvError
@@ -111,12 +111,8 @@ def slurm_main_address(env: Mapping[str, str]) -> str:
 
 def slurm_main_port(env: Mapping[str, str]) -> int:
     """MASTER_PORT when set (the same on every task: sbatch and srun propagate it), else `derive_port`."""
-    explicit = first_set(env, ["MASTER_PORT"])
-    if explicit is not None:
-        return parse_port(*explicit)
-    _, job_id = read_int(env, _JOB_ID_VARS, _CONTEXT)
-    _, step_id = read_int(env, _STEP_ID_VARS, _CONTEXT)
-    return derive_port(job_id, step_id)
+    return store_port(env, lambda: derive_port(read_int(env, _JOB_ID_VARS, _CONTEXT)[1],
+                                               read_int(env, _STEP_ID_VARS, _CONTEXT)[1]))
 
 
 def slurm_node_list(env: Mapping[str, str]) -> list[str]:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ddpboot.contract import TORCHRUN_MASTER_PORT
 from ddpboot.errors import UsageError
 from ddpboot.launch.config import NodeOptions, RunOptions, SelectionOptions, build, parse_selection
 from ddpboot.launch.tether import hello_line
@@ -45,7 +46,7 @@ from ddpboot.nodes.ssh import (
     ssh_argv,
     ssh_options,
 )
-from ddpboot.nodes.static import DEFAULT_MASTER_PORT, check_port
+from ddpboot.nodes.static import check_port
 from ddpboot.tcpstore.address import is_loopback
 
 STOP_MARGIN = 15.0  # seconds past the shutdown timeout that hosts asked to stop get before their connection ends
@@ -114,7 +115,7 @@ def _job(hosts: HostList, selection: SelectionOptions, nodes: NodeOptions, host_
         specs.append(HostSpec(host, node, tuple(argv), local))
     variables = forwarded_env(env, host_options.env)
     return HostsJob(tuple(specs), hello_line(version, variables), tuple(sorted(variables)), hosts.source,
-                    (addr, port or (DEFAULT_MASTER_PORT if n > 1 else None)), ssh, cwd, shutdown + STOP_MARGIN)
+                    (addr, port or (TORCHRUN_MASTER_PORT if n > 1 else None)), ssh, cwd, shutdown + STOP_MARGIN)
 
 
 def _refuse_node_options(nodes: NodeOptions, source: str) -> None:

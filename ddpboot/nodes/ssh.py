@@ -21,9 +21,9 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from ddpboot.contract import TORCHRUN_MASTER_PORT
 from ddpboot.errors import UsageError
 from ddpboot.nodes.hostfile import Host
-from ddpboot.nodes.static import DEFAULT_MASTER_PORT
 
 REMOTE_MODULE = "ddpboot.cli.remote"
 MARKER = "ddpboot-remote: started"  # a host's launcher says so on stderr once its tether runs (launch/tether.py)
@@ -116,7 +116,7 @@ def node_args(nnodes: int, node_rank: int, master_addr: str, master_port: int | 
     if nnodes == 1:
         return ["--nnodes", "1", *(["--master-port", str(master_port)] if master_port else [])]
     return ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", master_addr,
-            "--master-port", str(master_port or DEFAULT_MASTER_PORT)]
+            "--master-port", str(master_port or TORCHRUN_MASTER_PORT)]
 
 
 def connect_failure(host: Host, code: int, lines: Sequence[str], ssh: SshOptions) -> str:

@@ -34,11 +34,10 @@ from ddpboot.cluster.mpi import MpiEnvironment
 from ddpboot.cluster.parallel import unknown_launch
 from ddpboot.cluster.pbs import in_pbsdsh_task, pbs_node_info
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
-from ddpboot.contract import is_tcp_port
+from ddpboot.contract import TORCHRUN_MASTER_PORT, is_tcp_port
 from ddpboot.errors import UsageError
 from ddpboot.units import plural
 
-DEFAULT_MASTER_PORT = 29500  # torchrun's default for static multi-node jobs
 DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint given as HOST only)
 LOOPBACK = "127.0.0.1"
 UNKNOWN_LAUNCH_FIX = (  # what to do where cluster/parallel.py sees a launch ddpboot cannot read
@@ -178,7 +177,7 @@ def resolve_nodes(
             f"--nnodes {n} needs --master-addr (or --rdzv-endpoint HOST:PORT): the address of node 0, where a "
             f"multi-node job's store runs (every node must reach it).{slurm}"
         )
-    port = master_port or (sched.master_port if sched else DEFAULT_MASTER_PORT)
+    port = master_port or (sched.master_port if sched else TORCHRUN_MASTER_PORT)
     source = (sched.source if sched and (nnodes is None or node_rank is None)
               else NodeSource.KUBERNETES if pod else NodeSource.FLAGS)
     port_from = sched.port_from if sched and not master_port else ""

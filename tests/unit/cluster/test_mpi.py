@@ -12,7 +12,8 @@ import pytest
 
 from ddpboot.cluster import MpiEnvironment, detect_environment
 from ddpboot.cluster.base import job_port
-from ddpboot.cluster.mpi import DEFAULT_PORT, launcher_pid
+from ddpboot.cluster.mpi import launcher_pid
+from ddpboot.contract import TORCHRUN_MASTER_PORT
 from ddpboot.errors import WorkerEnvError
 
 Layout = Callable[[Any], tuple[int, int, int, int, int, int, str, int]]
@@ -41,7 +42,7 @@ def test_mpich_hydra_on_several_hosts_needs_master_addr(layout: Layout) -> None:
         MpiEnvironment(HYDRA)
     env = MpiEnvironment({**HYDRA, "MASTER_ADDR": "n1"})
     # no job id in Hydra's variables: torchrun's default port across hosts
-    assert layout(env) == (5, 8, 1, 4, 1, 2, "n1", DEFAULT_PORT)
+    assert layout(env) == (5, 8, 1, 4, 1, 2, "n1", TORCHRUN_MASTER_PORT)
     assert MpiEnvironment({**HYDRA, "MASTER_ADDR": "n1", "MASTER_PORT": "4321"}).main_port == 4321
 
 
@@ -82,7 +83,7 @@ def test_one_host_without_a_job_id_derives_the_port_from_the_node_s_launcher(mon
     monkeypatch.setattr("ddpboot.cluster.mpi.launcher_pid", lambda: 4242)
     assert MpiEnvironment(one_host).main_port == job_port("pid=4242")
     monkeypatch.setattr("ddpboot.cluster.mpi.launcher_pid", lambda: None)
-    assert MpiEnvironment(one_host).main_port == DEFAULT_PORT
+    assert MpiEnvironment(one_host).main_port == TORCHRUN_MASTER_PORT
 
 
 def test_launcher_pid_walks_up_to_the_mpi_process(tmp_path: Path) -> None:
