@@ -1,4 +1,5 @@
-"""What the launcher and its workers agree on: variable names, isolation modes, stop signals, the exit mark.
+"""What the launcher and its workers agree on: variable names, isolation modes, stop signals, the exit mark; and
+`Choice`, the base of every closed set of words an option or variable takes.
 
 Standard library only: the launcher (no torch) and the worker API (inside the rank) both import it, and neither
 may pull the other's layer in through it. Changing a name here changes the public contract (docs/reference.md).
@@ -10,10 +11,66 @@ import signal
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
+from typing import Self
+
+# --- closed sets of words ------------------------------------------------------------------------------------
+
+
+class Choice(str, Enum):
+    """A closed set of words an option or a variable takes (`--isolation rank|node`, `--store python|torch`): each
+    member is its word and, optionally, what it means (`about`, said when a word is refused). `values()` is what
+    completion offers and help shows (`rank|node`), in order; `parse` reads a word (any case, blanks around)."""
+
+    _value_: str
+    about: str
+
+    def __new__(cls, value: str, about: str = "") -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.about = about
+        return member
+
+    def __str__(self) -> str:
+        return self._value_
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(member._value_ for member in cls)
+
+    @classmethod
+    def parse(cls, text: str | None, where: str) -> Self:
+        """The member `text` names; `cls.error` of a refusal naming `where` (an option or a variable) otherwise."""
+        word = cls.normal(text)
+        for member in cls:
+            if member._value_ == word:
+                return member
+        raise cls.error(cls.refusal(text, where))
+
+    @classmethod
+    def normal(cls, text: str | None) -> str:
+        return (text or "").strip().lower()
+
+    @classmethod
+    def refusal(cls, text: str | None, where: str) -> str:
+        given = f"{where} {text!r}" if where.startswith("-") else f"{where}={text!r}"
+        return f"{given}: choose {cls.listing()}."
+
+    @classmethod
+    def listing(cls) -> str:
+        """`a (what a means), b or c`: the words in order, each with what it means where that is said."""
+        words = [f"{m._value_} ({m.about})" if m.about else m._value_ for m in cls]
+        return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else words[0]
+
+    @classmethod
+    def error(cls, message: str) -> Exception:
+        """What a refused word raises: ValueError here (the caller says where the word came from); the launcher's
+        options raise UsageError (units.OptionChoice)."""
+        return ValueError(message)
+
 
 # --- isolation -----------------------------------------------------------------------------------------------
 
-class Isolation(str, Enum):
+class Isolation(Choice):
     """How much of the node's GPU selection each worker sees. The one home of what a mode means: the planner, the
     workers' environment, the worker API's guards, smoke and the renderers ask it, never compare strings.
 
@@ -21,22 +78,13 @@ class Isolation(str, Enum):
     DDPBOOT_LOCAL_RANK). NODE: every worker sees all the node's selected GPUs and the true LOCAL_RANK, its first GPU
     being cuda:LOCAL_RANK*GPUS_PER_RANK (torchrun's semantics)."""
 
-    RANK = "rank"
-    NODE = "node"
-
-    def __str__(self) -> str:
-        return self.value
+    RANK = "rank", "each worker sees only its own GPUs"
+    NODE = "node", "every worker sees all the node's GPUs, as under torchrun"
 
     @classmethod
-    def parse(cls, text: str | None, where: str = "--isolation") -> Isolation:
+    def parse(cls, text: str | None, where: str = "--isolation") -> Self:
         """A mode from its name (any case, spaces ignored); ValueError naming `where` and the choices otherwise."""
-        value = (text or "").strip().lower()
-        for mode in cls:
-            if value == mode.value:
-                return mode
-        given = f"{where} {text!r}" if where.startswith("-") else f"{where}={text!r}"
-        raise ValueError(f"{given}: choose rank (each worker sees only its own GPUs) or node (every worker "
-                         "sees all the node's GPUs, as under torchrun).")
+        return super().parse(text, where)
 
     @property
     def own_gpus_only(self) -> bool:

@@ -1,10 +1,21 @@
-"""Quantities as people write and read them: byte sizes ("24GiB", "500MB", "1073741824") and counted nouns."""
+"""Quantities as people write and read them: byte sizes ("24GiB", "500MB", "1073741824") and counted nouns; and
+the words of the launcher's options (`OptionChoice`)."""
 
 from __future__ import annotations
 
 import re
 
+from ddpboot.contract import Choice
 from ddpboot.errors import UsageError
+
+
+class OptionChoice(Choice):
+    """A Choice of one of the launcher's options (`--log-mode`, `--store`, ...): a word it does not know is a
+    UsageError (exit 2, nothing started)."""
+
+    @classmethod
+    def error(cls, message: str) -> Exception:
+        return UsageError(message)
 
 _UNITS = {
     "": 1,

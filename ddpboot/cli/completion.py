@@ -1,9 +1,10 @@
 """`ddpboot --print-completion bash|zsh|tcsh|fish`: a completion script for the `ddpboot` command, made from the
 options the commands declare (so it cannot fall behind them), as torchrun's `--print-completion` makes its own.
 
-What completes: the subcommands (`plan`, `gpus`, `smoke`, `stacks`) as the first word, each command's options
-(hidden ones, such as the torchrun options ddpboot refuses, are left out), the values of the options that have a
-fixed set, and file names everywhere else (the script, a --log-dir). Static scripts: nothing runs ddpboot on a TAB.
+What completes: the subcommands (`plan`, `gpus`, `smoke`, `stacks`, ...) as the first word, each command's options
+(hidden ones, such as the torchrun options ddpboot refuses, are left out), the words of the options that take a fixed
+set (each option's Choice, or the words its row of cli/options.py lists: `--nproc gpu`, `-r 3`), and file names
+everywhere else (the script, a --log-dir). Static scripts: nothing runs ddpboot on a TAB.
 tcsh completes options and values, not the subcommand names.
 """
 
@@ -16,41 +17,30 @@ from dataclasses import dataclass
 from typer._click.core import Command, Context  # the click that typer carries (its own copy)
 from typer.core import TyperOption
 
-SHELLS = ("bash", "zsh", "tcsh", "fish")
-
-# The options whose values are a fixed set (they are plain strings to the parser, checked in launch/config.py).
-CHOICES = {
-    "--print-completion": SHELLS,
-    "--isolation": ("rank", "node"),
-    "--store": ("python", "torch"),
-    "--log-mode": ("private", "shared"),
-    "--start-method": ("spawn", "fork", "forkserver"),
-    "--rdzv-backend": ("static", "c10d"),
-    "--nproc": ("auto", "gpu", "cpu"),
-}
+SHELLS = ("bash", "zsh", "tcsh", "fish")  # what --print-completion takes (its row offers them)
 
 
 @dataclass(frozen=True)
 class Opt:
-    """One option as completion sees it: its spellings, whether it takes a value, a one-line description."""
+    """One option as completion sees it: its spellings, whether it takes a value, a one-line description, and the
+    words it takes where they are a fixed set (its row's Choice or words: cli/options.py)."""
 
     names: tuple[str, ...]
     takes_value: bool
     help: str
-
-    @property
-    def choices(self) -> tuple[str, ...]:
-        return next((CHOICES[n] for n in self.names if n in CHOICES), ())
+    choices: tuple[str, ...] = ()
 
 
 def options_of(command: Command) -> list[Opt]:
     """The visible options of a click command, `-h/--help` included."""
     out = []
-    for param in command.get_params(Context(command)):
+    ctx = Context(command)
+    for param in command.get_params(ctx):
         if not isinstance(param, TyperOption) or param.hidden:
             continue
         names = tuple(param.opts) + tuple(param.secondary_opts)
-        out.append(Opt(names, not param.is_flag, _first_sentence(param.help or "")))
+        words = tuple(item.value for item in param.shell_complete(ctx, "") if item.type == "plain")
+        out.append(Opt(names, not param.is_flag, _first_sentence(param.help or ""), words))
     return out
 
 

@@ -1,303 +1,199 @@
-"""The option groups the commands share, each declared once: the GPU selection (a job, `plan`, `smoke`, and a subset
-for `gpus`) and the node options (a job, `plan`, `smoke`). A command decorated with `with_options` receives each
-group as one raw object (`selection: SelectionOptions`, `nodes: NodeOptions`); launch/config.py turns them into a
-configuration, the same way for every command.
+"""Every option of the commands, declared once, as one row of a table: the field of the dataclass that receives it
+(which gives the option its type and its default), its spellings, environment variable, panel and help, and for a
+closed set of words its `Choice` (the metavar `a|b|c` help shows and the words completion offers). The groups the
+commands share are here: the GPU selection (a job, `plan`, `smoke`, and a subset for `gpus`), the node options and
+the hosts over ssh (a job, `plan`); the run command's own rows are in run_options.py.
 
-An option left at its default is passed on as None where the default must not count as a choice (an explicit
-`--node-rank 0` overrides SLURM's node rank, the default 0 does not), and a command that takes `from_env` learns
-which options came from their environment variable (PET_NNODES for --nnodes), so that an error can say so.
+A command decorated with `with_options` receives each group as one raw object (`selection: SelectionOptions`,
+`nodes: NodeOptions`); launch/config.py turns them into a configuration, the same way for every command. An option
+left at its default is passed on as None where the default must not count as a choice (an explicit `--node-rank 0`
+overrides SLURM's node rank, the default None does not), and a command that takes `from_env` learns which options
+came from their environment variable (PET_NNODES for --nnodes), so that an error can say so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import operator
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.models import ArgumentInfo
 
-from ddpboot.launch.config import HostOptions, NodeOptions, SelectionOptions
+from ddpboot.contract import TORCHRUN_MASTER_PORT, Choice, Isolation
+from ddpboot.launch.config import NPROC_MODES, HostOptions, NodeOptions, RdzvBackend, SelectionOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SEL = "GPU selection"  # the options most jobs set: `ddpboot -h` shows this panel first
-_MORE = "More GPU selection"
-_NODES = "Multi-node"
-SELECTION_PARAMS = [
-    inspect.Parameter(
-        "nproc",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            str | None,
-            typer.Option(
-                "--nproc",
-                "--nproc-per-node",
-                "--nproc_per_node",
-                envvar="PET_NPROC_PER_NODE",
-                metavar="N|gpu|auto|cpu",
-                help="Ranks on this node: N, `gpu` (every allowed GPU), `auto` (every free GPU; one per core "
-                "without GPUs) or `cpu` (one CPU rank per core). Default 1, or one per --gpus entry.",
-                rich_help_panel=_SEL,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "gpus",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            str | None,
-            typer.Option(
-                "--gpus",
-                envvar="DDPBOOT_GPUS",
-                metavar="LIST",
-                help="Exactly these GPUs, in this order (rank 0 gets the first), busy ones too: indices (0,2), "
-                "ranges (0-3), UUIDs, PCI bus ids, MIG instances (3:1).",
-                rich_help_panel=_SEL,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "exclude",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            str | None,
-            typer.Option(
-                "--exclude",
-                envvar="DDPBOOT_EXCLUDE",
-                metavar="LIST",
-                help="Never these GPUs (same forms as --gpus).",
-                rich_help_panel=_SEL,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "gpus_per_proc",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=1,
-        annotation=Annotated[
-            int,
-            typer.Option(
-                "--gpus-per-proc",
-                metavar="K",
-                help="GPUs per rank; a rank's CUDA_VISIBLE_DEVICES lists them all and its first is cuda:0.",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "isolation",
-        inspect.Parameter.KEYWORD_ONLY,
-        default="rank",
-        annotation=Annotated[
-            str,
-            typer.Option(
-                "--isolation",
-                envvar="DDPBOOT_ISOLATION_MODE",
-                metavar="rank|node",
-                help="`rank`: each worker sees only its GPUs, as cuda:0, and LOCAL_RANK=0 (DDPBOOT_LOCAL_RANK "
-                "has the index); `node`: all selected GPUs and the true LOCAL_RANK, as under torchrun.",
-                rich_help_panel=_SEL,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "cpu",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=False,
-        annotation=Annotated[
-            bool,
-            typer.Option("--cpu", help="CPU ranks with gloo, even where GPUs exist.", rich_help_panel=_SEL),
-        ],
-    ),
-    inspect.Parameter(
-        "max_used_memory",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=SelectionOptions.max_used_memory,
-        annotation=Annotated[
-            str,
-            typer.Option(
-                "--max-used-memory",
-                metavar="SIZE",
-                help="A GPU with more memory in use than this counts as busy for automatic selection.",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "max_util",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=SelectionOptions.max_util,
-        annotation=Annotated[
-            int,
-            typer.Option(
-                "--max-util",
-                metavar="PCT",
-                help="A GPU busier than this utilization (percent) counts as busy for automatic selection.",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "cpu_affinity",
-        inspect.Parameter.KEYWORD_ONLY,
-        default="auto",
-        annotation=Annotated[
-            str,
-            typer.Option(
-                "--cpu-affinity",
-                envvar="DDPBOOT_CPU_AFFINITY",
-                metavar="auto|none|CORES",
-                help="`auto`: bind each rank to the cores near its GPU (NVML), split fairly among ranks sharing "
-                "them, within the cores ddpboot may use; `none`: no binding; a list (0-15) split among the ranks, "
-                "or one list per rank separated by ';' (0-7;8-15). Unless OMP_NUM_THREADS is set, each rank gets "
-                "its share of cores as OMP_NUM_THREADS.",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "oversubscribe",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=False,
-        annotation=Annotated[
-            bool,
-            typer.Option(
-                "--oversubscribe",
-                envvar="DDPBOOT_OVERSUBSCRIBE",
-                help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file "
-                "limits (ulimit -u, ulimit -n) still apply.",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-    inspect.Parameter(
-        "share",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=False,
-        annotation=Annotated[
-            bool,
-            typer.Option(
-                "--share",
-                help="Use GPUs named in --gpus even if another ddpboot job holds them (their locks are not taken).",
-                rich_help_panel=_MORE,
-            ),
-        ],
-    ),
-]
+
+@dataclass(frozen=True)
+class Opt:
+    """One row: the option that fills the field `name` of its group's dataclass, and how the command line shows
+    it."""
+
+    name: str  # the field
+    names: tuple[str, ...]  # its spellings: the first long one names it in help and errors
+    help: str = ""
+    panel: str | None = None  # the help panel it is shown in
+    env: str | list[str] | None = None  # the environment variable(s) that give its value when it is not typed
+    metavar: str | None = None  # what it takes, in help; a Choice's words (`warn|strict|off`) by default
+    choice: type[Choice] | None = None  # its closed set of words
+    complete: Sequence[str] = ()  # the words completion offers for an option that is no closed set (--nproc)
+    hidden: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)  # what else typer.Option takes (is_eager, callback, ...)
+
+    def words(self) -> list[str]:
+        return list(self.choice.values() if self.choice else self.complete)
+
+    def info(self) -> Any:
+        """The typer.Option of this row."""
+        metavar = self.metavar or ("|".join(self.choice.values()) if self.choice else None)
+        words = self.words()
+        return typer.Option(*self.names, envvar=self.env, metavar=metavar, help=self.help or None,
+                            rich_help_panel=self.panel, hidden=self.hidden,
+                            autocompletion=(lambda: words) if words else None, **self.extra)
 
 
-_NODE_HELP_MASTER_ADDR = (
-    "The store's address, given to workers as MASTER_ADDR. One node: default 127.0.0.1 (the store listens on "
-    "loopback only); another address of this machine makes it listen there. Several nodes: node 0's address."
-)
+def opt(name: str, *names: str, **row: Any) -> Opt:
+    """A row: `opt("gpus", "--gpus", env="DDPBOOT_GPUS", help=...)` fills the field `gpus`."""
+    return Opt(name, names, **row)
 
 
-def _node_option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
-
-NODE_PARAMS = [
-    inspect.Parameter(
-        "nnodes",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            str | None,
-            typer.Option("--nnodes", envvar="PET_NNODES", rich_help_panel=_NODES, metavar="N|MIN:MAX",
-                         help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d "
-                         "rendezvous (needs --rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
-        ],
-    ),
-    inspect.Parameter(
-        "node_rank",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[
-            int | None,
-            typer.Option(
-                "--node-rank", "--node_rank", envvar="PET_NODE_RANK", help="This node's index.", rich_help_panel=_NODES,
-                metavar="N",
-            ),
-        ],
-    ),
-    _node_option("master_addr", Annotated[str | None, typer.Option(
-        "--master-addr", "--master_addr", envvar="PET_MASTER_ADDR", rich_help_panel=_NODES, metavar="HOST",
-        help=_NODE_HELP_MASTER_ADDR)], None),
-    _node_option("master_port", Annotated[int | None, typer.Option(
-        "--master-port", "--master_port", envvar="PET_MASTER_PORT", rich_help_panel=_NODES, metavar="PORT",
-        help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no other process "
-        "can take it between choice and use; 29500 for several nodes. A port in use is an error.")], None),
-    _node_option("rdzv_backend", Annotated[str, typer.Option(
-        "--rdzv-backend", "--rdzv_backend", envvar="PET_RDZV_BACKEND", rich_help_panel=_NODES, metavar="static|c10d",
-        help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). Otherwise "
-        "accepted (static or c10d); the workers' store is ddpboot's.")], NodeOptions.rdzv_backend),
-    _node_option("rdzv_endpoint", Annotated[str, typer.Option(
-        "--rdzv-endpoint", "--rdzv_endpoint", envvar="PET_RDZV_ENDPOINT", rich_help_panel=_NODES,
-        metavar="HOST:PORT",
-        help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d rendezvous there, hosted "
-        "by the launcher on HOST. Fixed node count: stands for --master-addr/--master-port. One node: HOST must be "
-        "this machine; PORT is used like --master-port.")], NodeOptions.rdzv_endpoint),
-    _node_option("standalone", Annotated[bool, typer.Option(
-        "--standalone", envvar="PET_STANDALONE", rich_help_panel=_NODES,
-        help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on loopback "
-        "(torchrun's listens on every interface).")], NodeOptions.standalone),
-    _node_option("local_addr", Annotated[str | None, typer.Option(
-        "--local-addr", "--local_addr", envvar="PET_LOCAL_ADDR", rich_help_panel=_NODES, metavar="HOST",
-        help="This node's address for other nodes: where node group rank 0 serves the workers' store in an "
-        "elastic job (default: its address on the route to the rendezvous endpoint).")], None),
-]
-
-
-_HOSTS = "Hosts over ssh"
-HOST_PARAMS = [
-    _node_option("hostfile", Annotated[str | None, typer.Option(
-        "--hostfile", rich_help_panel=_HOSTS, metavar="FILE",
-        help="Run one launcher per host of FILE over ssh (DeepSpeed's and Open MPI's format: `HOST slots=N` a line, "
-        "`gpus=0,2` or `exclude=0` per host, `#` comments); the first host is node 0.")], None),
-    _node_option("hosts", Annotated[str | None, typer.Option(
-        "--hosts", rich_help_panel=_HOSTS, metavar="H1:N,H2:N",
-        help="The hosts on the command line, as Horovod's -H: HOST or HOST:SLOTS, comma-separated.")], None),
-    _node_option("ssh_port", Annotated[int | None, typer.Option(
-        "--ssh-port", rich_help_panel=_HOSTS, metavar="PORT",
-        help="The hosts' sshd port (ssh -p); default: your ssh config's.")], None),
-    _node_option("ssh_identity_file", Annotated[str | None, typer.Option(
-        "--ssh-identity-file", rich_help_panel=_HOSTS, metavar="KEY",
-        help="The private key for the hosts (ssh -i); default: your ssh config and agent.")], None),
-    _node_option("env", Annotated[list[str] | None, typer.Option(
-        "--env", rich_help_panel=_HOSTS, metavar="NAME[=VALUE]",
-        help="One more variable for every host's launcher and ranks (repeat the option): NAME from here, or "
-        "NAME=VALUE. PATH, PYTHON*, NCCL_*, GLOO_*, CUDA_*, TORCH_* and a few more go anyway (docs/clusters.md).")],
-        None),
-]
-
-
-def _host_options(**values: Any) -> HostOptions:
-    return HostOptions(**{**values, "env": tuple(values.get("env") or ())})
+def _cli_type(hint: Any) -> Any:
+    """The type the command line parses for a field: a tuple field takes the option repeated (None when not
+    given), and a duration that the pytest plugin may give as seconds (`str | float`) is a string here."""
+    args = typing.get_args(hint)
+    if _repeated(hint):
+        return list[args[0]] | None  # type: ignore[valid-type]
+    if str in args and float in args:
+        return functools.reduce(operator.or_, [a for a in args if a is not float])
+    return hint
 
 
 @dataclass(frozen=True)
 class OptionGroup:
-    """Options declared once (`params`) that a command receives as one object, built by `make`."""
+    """Options a command receives as one object: the rows, each naming a field of `record`, and `make`, which builds
+    the object from their values (default: the record itself, repeated options as tuples)."""
 
     name: str  # the command's parameter that receives the object
-    params: Sequence[inspect.Parameter]
-    make: Callable[..., Any]
+    record: type
+    rows: Sequence[Opt]
+    make: Callable[..., Any] | None = None
+
+    @functools.cached_property
+    def params(self) -> list[inspect.Parameter]:
+        """The command's parameters, one per row, typed and defaulted by the record's field (a repeated option's
+        default is None: not given)."""
+        hints = typing.get_type_hints(self.record)
+        defaults = {f.name: f.default for f in dataclasses.fields(self.record)}
+        return [inspect.Parameter(row.name, inspect.Parameter.KEYWORD_ONLY,
+                                  default=None if _repeated(hints[row.name]) else defaults[row.name],
+                                  annotation=Annotated[_cli_type(hints[row.name]), row.info()])
+                for row in self.rows]
+
+    def build(self, values: dict[str, Any]) -> Any:
+        if self.make is not None:
+            return self.make(**values)
+        hints = typing.get_type_hints(self.record)
+        return self.record(**{k: tuple(v or ()) if _repeated(hints[k]) else v for k, v in values.items()})
 
 
-SELECTION = OptionGroup("selection", SELECTION_PARAMS, SelectionOptions)
-NODES = OptionGroup("nodes", NODE_PARAMS, NodeOptions)
-HOSTS = OptionGroup("hosts", HOST_PARAMS, _host_options)
+def _repeated(hint: Any) -> bool:
+    return typing.get_origin(hint) is tuple
 
 
 def only(group: OptionGroup, *names: str) -> OptionGroup:
     """The same group with only these options on the command (the others keep their defaults)."""
-    return OptionGroup(group.name, [p for p in group.params if p.name in names], group.make)
+    return OptionGroup(group.name, group.record, [r for r in group.rows if r.name in names], group.make)
+
+
+_SEL = "GPU selection"  # the options most jobs set: `ddpboot -h` shows this panel first
+_MORE = "More GPU selection"
+_NODES = "Multi-node"
+_HOSTS = "Hosts over ssh"
+
+SELECTION = OptionGroup("selection", SelectionOptions, [
+    opt("nproc", "--nproc", "--nproc-per-node", "--nproc_per_node", env="PET_NPROC_PER_NODE", panel=_SEL,
+        metavar="N|" + "|".join(NPROC_MODES), complete=NPROC_MODES,
+        help="Ranks on this node: N, `gpu` (every allowed GPU), `auto` (every free GPU; one per core without GPUs) "
+        "or `cpu` (one CPU rank per core). Default 1, or one per --gpus entry."),
+    opt("gpus", "--gpus", env="DDPBOOT_GPUS", metavar="LIST", panel=_SEL,
+        help="Exactly these GPUs, in this order (rank 0 gets the first), busy ones too: indices (0,2), ranges "
+        "(0-3), UUIDs, PCI bus ids, MIG instances (3:1)."),
+    opt("exclude", "--exclude", env="DDPBOOT_EXCLUDE", metavar="LIST", panel=_SEL,
+        help="Never these GPUs (same forms as --gpus)."),
+    opt("gpus_per_proc", "--gpus-per-proc", metavar="K", panel=_MORE,
+        help="GPUs per rank; a rank's CUDA_VISIBLE_DEVICES lists them all and its first is cuda:0."),
+    opt("isolation", "--isolation", env="DDPBOOT_ISOLATION_MODE", choice=Isolation, panel=_SEL,
+        help="`rank`: each worker sees only its GPUs, as cuda:0, and LOCAL_RANK=0 (DDPBOOT_LOCAL_RANK has the "
+        "index); `node`: all selected GPUs and the true LOCAL_RANK, as under torchrun."),
+    opt("cpu", "--cpu", panel=_SEL, help="CPU ranks with gloo, even where GPUs exist."),
+    opt("max_used_memory", "--max-used-memory", metavar="SIZE", panel=_MORE,
+        help="A GPU with more memory in use than this counts as busy for automatic selection."),
+    opt("max_util", "--max-util", metavar="PCT", panel=_MORE,
+        help="A GPU busier than this utilization (percent) counts as busy for automatic selection."),
+    opt("cpu_affinity", "--cpu-affinity", env="DDPBOOT_CPU_AFFINITY", metavar="auto|none|CORES", panel=_MORE,
+        complete=("auto", "none"),
+        help="`auto`: bind each rank to the cores near its GPU (NVML), split fairly among ranks sharing them, within "
+        "the cores ddpboot may use; `none`: no binding; a list (0-15) split among the ranks, or one list per rank "
+        "separated by ';' (0-7;8-15). Unless OMP_NUM_THREADS is set, each rank gets its share of cores as "
+        "OMP_NUM_THREADS."),
+    opt("oversubscribe", "--oversubscribe", env="DDPBOOT_OVERSUBSCRIBE", panel=_MORE,
+        help="Start more ranks than 16 per usable CPU core (refused otherwise). The process and open-file limits "
+        "(ulimit -u, ulimit -n) still apply."),
+    opt("share", "--share", panel=_MORE,
+        help="Use GPUs named in --gpus even if another ddpboot job holds them (their locks are not taken)."),
+])
+
+NODES = OptionGroup("nodes", NodeOptions, [
+    opt("nnodes", "--nnodes", env="PET_NNODES", panel=_NODES, metavar="N|MIN:MAX",
+        help="Number of nodes: N (static), or MIN:MAX for an elastic job through torch's c10d rendezvous (needs "
+        "--rdzv-backend c10d and --rdzv-endpoint HOST:PORT)."),
+    opt("node_rank", "--node-rank", "--node_rank", env="PET_NODE_RANK", panel=_NODES, metavar="N",
+        help="This node's index."),
+    opt("master_addr", "--master-addr", "--master_addr", env="PET_MASTER_ADDR", panel=_NODES, metavar="HOST",
+        help="The store's address, given to workers as MASTER_ADDR. One node: default 127.0.0.1 (the store listens "
+        "on loopback only); another address of this machine makes it listen there. Several nodes: node 0's "
+        "address."),
+    opt("master_port", "--master-port", "--master_port", env="PET_MASTER_PORT", panel=_NODES, metavar="PORT",
+        help="The store's port (MASTER_PORT). Default: a free port that ddpboot binds itself, so no other process "
+        f"can take it between choice and use; {TORCHRUN_MASTER_PORT} for several nodes. A port in use is an error."),
+    opt("rdzv_backend", "--rdzv-backend", "--rdzv_backend", env="PET_RDZV_BACKEND", panel=_NODES,
+        choice=RdzvBackend,
+        help="torchrun's rendezvous backend. With --nnodes MIN:MAX: c10d (torch's own rendezvous). Otherwise "
+        "accepted (static or c10d); the workers' store is ddpboot's."),
+    opt("rdzv_endpoint", "--rdzv-endpoint", "--rdzv_endpoint", env="PET_RDZV_ENDPOINT", panel=_NODES,
+        metavar="HOST:PORT",
+        help="HOST:PORT of the rendezvous store. Elastic (--nnodes MIN:MAX): torch's c10d rendezvous there, hosted "
+        "by the launcher on HOST. Fixed node count: stands for --master-addr/--master-port. One node: HOST must be "
+        "this machine; PORT is used like --master-port."),
+    opt("standalone", "--standalone", env="PET_STANDALONE", panel=_NODES,
+        help="torchrun's single-node mode. ddpboot's one-node default already is: a private store on loopback "
+        "(torchrun's listens on every interface)."),
+    opt("local_addr", "--local-addr", "--local_addr", env="PET_LOCAL_ADDR", panel=_NODES, metavar="HOST",
+        help="This node's address for other nodes: where node group rank 0 serves the workers' store in an elastic "
+        "job (default: its address on the route to the rendezvous endpoint)."),
+])
+
+HOSTS = OptionGroup("hosts", HostOptions, [
+    opt("hostfile", "--hostfile", panel=_HOSTS, metavar="FILE",
+        help="Run one launcher per host of FILE over ssh (DeepSpeed's and Open MPI's format: `HOST slots=N` a line, "
+        "`gpus=0,2` or `exclude=0` per host, `#` comments); the first host is node 0."),
+    opt("hosts", "--hosts", panel=_HOSTS, metavar="H1:N,H2:N",
+        help="The hosts on the command line, as Horovod's -H: HOST or HOST:SLOTS, comma-separated."),
+    opt("ssh_port", "--ssh-port", panel=_HOSTS, metavar="PORT",
+        help="The hosts' sshd port (ssh -p); default: your ssh config's."),
+    opt("ssh_identity_file", "--ssh-identity-file", panel=_HOSTS, metavar="KEY",
+        help="The private key for the hosts (ssh -i); default: your ssh config and agent."),
+    opt("env", "--env", panel=_HOSTS, metavar="NAME[=VALUE]",
+        help="One more variable for every host's launcher and ranks (repeat the option): NAME from here, or "
+        "NAME=VALUE. PATH, PYTHON*, NCCL_*, GLOO_*, CUDA_*, TORCH_* and a few more go anyway (docs/clusters.md)."),
+])
 
 
 def options_from_env(ctx: typer.Context) -> dict[str, str]:
@@ -331,7 +227,7 @@ def with_options(*groups: OptionGroup) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             ctx = kwargs["ctx"] if wants_ctx else kwargs.pop("ctx")
             for group in groups:
-                kwargs[group.name] = group.make(**{p.name: kwargs.pop(p.name) for p in group.params})
+                kwargs[group.name] = group.build({p.name: kwargs.pop(p.name) for p in group.params})
             if wants_env:
                 kwargs["from_env"] = options_from_env(ctx)
             return fn(*args, **kwargs)

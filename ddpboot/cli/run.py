@@ -18,10 +18,10 @@ from typing import Any
 
 import typer
 
-from ddpboot.cli.options import HOSTS, NODES, SELECTION, OptionGroup, with_options
+from ddpboot.cli.options import HOSTS, NODES, SELECTION, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_dry_run
-from ddpboot.cli.run_options import REFUSED, RUN_PARAMS, ArgsArgument, ScriptArgument
+from ddpboot.cli.run_options import COMMAND, REFUSED, RUN, ArgsArgument, CommandOptions, RefusedOptions, ScriptArgument
 from ddpboot.cli.tools import INDEX_RULES
 from ddpboot.errors import UsageError
 from ddpboot.launch import config as launch_config
@@ -37,9 +37,6 @@ run_app = typer.Typer(
     "`ddpboot gpus` lists GPUs.",
 )
 
-RUN = OptionGroup("own", RUN_PARAMS, dict)
-
-
 @run_app.command(
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
     epilog=INDEX_RULES,
@@ -47,24 +44,24 @@ RUN = OptionGroup("own", RUN_PARAMS, dict)
     no_args_is_help=True,
 )
 @handle_errors
-@with_options(SELECTION, NODES, HOSTS, RUN)
+@with_options(SELECTION, NODES, HOSTS, RUN, COMMAND, REFUSED)
 def run(
     script: ScriptArgument,
     selection: SelectionOptions,
     nodes: NodeOptions,
     hosts: HostOptions,
     own: dict[str, Any],
+    command: CommandOptions,
+    refused: RefusedOptions,
     from_env: dict[str, str],
     ctx: typer.Context,
     args: ArgsArgument = None,
 ) -> None:
     """Run SCRIPT as a DDP job on the planned GPUs (see `ddpboot plan`); exit with the failing rank's code."""
-    own.pop("version")  # --version and --print-completion are eager: they printed and exited before this runs
-    own.pop("print_completion")
-    as_json = own.pop("as_json")
-    refused = {f"--{name.replace('_', '-')}": own.pop(name) for name in REFUSED}
+    # --version and --print-completion are eager: they printed and exited before this runs
+    as_json = command.as_json
     options = RunOptions(script=script, args=tuple(args or ()), selection=selection, nodes=nodes, hosts=hosts,
-                         refused=refused, from_env=from_env, **own)
+                         refused=refused.given(), from_env=from_env, **own)
     if as_json and not options.dry_run:
         raise UsageError("--json prints a dry run: add --dry-run, or drop --json (a job's output is its ranks').")
     if hosts.given:  # one launcher per host, over ssh (launch/remote.py)

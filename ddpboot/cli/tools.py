@@ -93,6 +93,13 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
     return out
 
 
+JobArgument = Annotated[
+    str | None,
+    typer.Argument(help="The job: its launcher's pid, its run directory (--log-dir's run folder) or its run id. "
+                   "Default: the one job of yours that runs."),
+]
+"""`ddpboot stacks` and `ddpboot top`: which running job."""
+
 tools = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -202,11 +209,7 @@ def smoke_cmd(
 @tools.command("stacks", short_help="Where every rank of a running job is now.")
 @handle_errors
 def stacks_cmd(
-    run: Annotated[
-        str | None,
-        typer.Argument(help="The job: its launcher's pid, its run directory (--log-dir's run folder) or its run id. "
-                       "Default: the one job of yours that runs."),
-    ] = None,
+    run: JobArgument = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the dump as one JSON object.")] = False,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the launcher's dump.")
@@ -233,11 +236,7 @@ def stacks_cmd(
 @tools.command("top", short_help="A running job's ranks, live.")
 @handle_errors
 def top_cmd(
-    run: Annotated[
-        str | None,
-        typer.Argument(help="The job: its launcher's pid, its run directory (--log-dir's run folder) or its run id. "
-                       "Default: the one job of yours that runs."),
-    ] = None,
+    run: JobArgument = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one snapshot as a JSON object and exit.")] = False,
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between two refreshes (with --json: the time CPU % is "

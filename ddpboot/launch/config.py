@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping
@@ -40,6 +39,7 @@ from ddpboot.errors import UsageError
 from ddpboot.launch.bars import progress_interval
 from ddpboot.launch.options import (
     DEFAULT_SIGNALS,
+    StartMethod,
     check_log_dir,
     check_preloads,
     check_rank_filter,
@@ -50,7 +50,6 @@ from ddpboot.launch.options import (
     parse_rdzv_conf,
     parse_signals,
     parse_std,
-    parse_store_backend,
     refuse_torchrun_options,
     resolve_std,
     target_kind,
@@ -67,19 +66,18 @@ from ddpboot.launch.spec import (
     Std,
     StdSpec,
     StoreBackend,
+    Supervision,
     Target,
     WatchMode,
-    parse_log_mode,
-    parse_watch_mode,
 )
-from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT, join_timeout
+from ddpboot.nodes.check import join_timeout
 from ddpboot.nodes.hostfile import HostOptions
 from ddpboot.nodes.launcher import NodeOptions, StoreAddress, job_run_id, launcher_nodes, store_address
 from ddpboot.nodes.outcome import LinkTiming, link_timing
-from ddpboot.nodes.static import NodeSetup
+from ddpboot.nodes.static import NodeSetup, RdzvBackend
 from ddpboot.nodes.store_allow import parse_store_allow
 from ddpboot.selection.planner import Plan
-from ddpboot.selection.request import Request, SelectionOptions, parse_selection
+from ddpboot.selection.request import NPROC_MODES, Request, SelectionOptions, parse_selection
 from ddpboot.selection.reserve import parse_wait
 from ddpboot.tcpstore.allow import AllowList
 from ddpboot.units import parse_duration
@@ -87,21 +85,26 @@ from ddpboot.units import parse_duration
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "DEFAULT_SIGNALS",
+    "NPROC_MODES",
     "HostOptions",
     "LaunchConfig",
+    "LogMode",
     "NodeOptions",
     "OutputConfig",
     "PlanConfig",
+    "RdzvBackend",
     "Request",
     "RunOptions",
     "SelectionOptions",
+    "StartMethod",
+    "StoreBackend",
+    "WatchMode",
     "build",
     "build_plan",
     "parse_selection",
 ]
 
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0
-START_METHODS = ("spawn", "fork", "forkserver")
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # --shutdown-timeout's, as torchrun's
 
 
 @dataclass(frozen=True)
@@ -121,16 +124,16 @@ class RunOptions:
     preload: str = ""
     warm: bool = False
     warm_idle: str | float = "15m"
-    store: str = "python"
+    store: str = StoreBackend.PYTHON.value
     store_allow: str | None = None
     max_restarts: int = 0
-    shutdown_timeout: str | float | None = None
-    monitor_interval: str | float = 0.1
+    shutdown_timeout: str | float | None = None  # None: DEFAULT_SHUTDOWN_TIMEOUT
+    monitor_interval: str | float = "0.1"
     stall_timeout: str | float | None = None
-    gpu_watch: str = "warn"
-    gpu_watch_interval: str | float = 5.0
+    gpu_watch: str = WatchMode.WARN.value
+    gpu_watch_interval: str | float = "5"
     signals_to_handle: str = DEFAULT_SIGNALS
-    start_method: str = "spawn"
+    start_method: str = StartMethod.SPAWN.value
     role: str = "default"
     rdzv_id: str | None = None
     rdzv_conf: str = ""
@@ -190,7 +193,7 @@ class OutputConfig:
                           socket.gethostname())
         return cls(
             log_dir=base,
-            log_mode=parse_log_mode(log_mode),
+            log_mode=LogMode.parse(log_mode, "--log-mode"),
             redirects=red,
             tee=teed,
             local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
@@ -239,9 +242,9 @@ class PlanConfig:
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(Supervision):
     """One launch, every option parsed and checked; nothing has been started when it exists. Build it with
-    `build` (the command line, the pytest plugin's per-test launcher)."""
+    `build` (the command line, the pytest plugin's per-test launcher): it has no defaults of its own."""
 
     target: Target
     python: str  # the interpreter for script, module and run_path targets (PYTHON_EXEC or the launcher's own)
@@ -251,28 +254,19 @@ class LaunchConfig:
     store_address: StoreAddress
     request: Request
     run_id: str  # TORCHELASTIC_RUN_ID, the --log-dir folder and the elastic rendezvous id (nodes/launcher.py)
-    store: StoreBackend = "python"
-    store_allow: AllowList | None = None  # --store-allow: the addresses the store serves (None: all, or SLURM's)
-    signals: tuple[signal.Signals, ...] = ()
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
-    monitor_interval: float = 0.1
-    stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
-    gpu_watch: WatchMode = WatchMode.WARN
-    gpu_watch_interval: float = 5.0
-    max_restarts: int = 0
-    role: str = "default"
-    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
-    join_timeout: float = DEFAULT_JOIN_TIMEOUT
-    link_timing: LinkTiming = field(default_factory=LinkTiming)  # the node links' beat (--rdzv-conf keep_alive_*)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    fast_start: bool = False  # the ranks are forked by a process that imported torch (a fast start or warm)
-    preloads: tuple[str, ...] = ()  # modules the fast-start process imports before forking the ranks
-    warm: bool = False  # forked by this user's warm process (kept between launches), started if there is none
-    warm_idle: float = 900.0  # --warm-idle: the warm process exits after this long without launches
-    wait_for_gpus: float | None = None  # seconds to wait for busy or held GPUs; None: fail at once
-    network_check: bool = True  # the nodes' check-in checks their bootstrap addresses (nodes/netprobe.py)
-    dry_run: bool = False
-    notes: tuple[str, ...] = ()  # what the launcher says before it starts (a note each)
+    store_allow: AllowList | None  # --store-allow: the addresses the store serves (None: all, or SLURM's)
+    rdzv_conf: Mapping[str, str]
+    join_timeout: float
+    link_timing: LinkTiming  # the node links' beat (--rdzv-conf keep_alive_*)
+    output: OutputConfig
+    fast_start: bool  # the ranks are forked by a process that imported torch (a fast start or warm)
+    preloads: tuple[str, ...]  # modules the fast-start process imports before forking the ranks
+    warm: bool  # forked by this user's warm process (kept between launches), started if there is none
+    warm_idle: float  # --warm-idle: the warm process exits after this long without launches
+    wait_for_gpus: float | None  # seconds to wait for busy or held GPUs; None: fail at once
+    network_check: bool  # the nodes' check-in checks their bootstrap addresses (nodes/netprobe.py)
+    dry_run: bool
+    notes: tuple[str, ...]  # what the launcher says before it starts (a note each)
 
 
 def build_plan(
@@ -311,6 +305,26 @@ def _isolation(text: str) -> Isolation | None:
         return None
 
 
+def supervision(o: RunOptions) -> Supervision:
+    """Step 3's values that every attempt is supervised by: the store backend, signals, durations, restarts, the GPU
+    watch (`build` calls it; a test gets the command line's defaults from `supervision(RunOptions(script=...))`)."""
+    store = StoreBackend.parse(o.store, "--store")
+    signals = parse_signals(o.signals_to_handle)
+    if o.signals_to_handle == DEFAULT_SIGNALS:  # a list the user gave is taken as given
+        signals = keep_nohup(signals)
+    shutdown = parse_duration(DEFAULT_SHUTDOWN_TIMEOUT if o.shutdown_timeout is None else o.shutdown_timeout,
+                              "--shutdown-timeout")
+    monitor = parse_duration(o.monitor_interval, "--monitor-interval", allow_zero=False)
+    stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout", allow_zero=False)
+    watch = WatchMode.parse(o.gpu_watch, "--gpu-watch")
+    watch_every = parse_duration(o.gpu_watch_interval, "--gpu-watch-interval", allow_zero=False)
+    if o.max_restarts < 0:
+        raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
+    return Supervision(role=o.role, max_restarts=o.max_restarts, shutdown_timeout=shutdown, monitor_interval=monitor,
+                       stall_timeout=stall, gpu_watch=watch, gpu_watch_interval=watch_every, signals=signals,
+                       store=store)
+
+
 def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfig:
     """The LaunchConfig for these options, in the order the module docstring gives."""
     o = options
@@ -319,21 +333,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         kind = target_kind(o.module, o.no_python, o.run_path)  # 2
         if o.virtual_local_rank and _isolation(o.selection.isolation) is Isolation.NODE:
             raise UsageError("--virtual-local-rank (LOCAL_RANK=0, one GPU per worker) contradicts --isolation node.")
-        backend = parse_store_backend(o.store)  # 3
-        signals = parse_signals(o.signals_to_handle)
-        if o.signals_to_handle == DEFAULT_SIGNALS:  # a list the user gave is taken as given
-            signals = keep_nohup(signals)
-        shutdown = parse_duration(DEFAULT_SHUTDOWN_TIMEOUT if o.shutdown_timeout is None else o.shutdown_timeout,
-                                  "--shutdown-timeout")
-        monitor = parse_duration(o.monitor_interval, "--monitor-interval", allow_zero=False)
-        stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout",
-                                                                    allow_zero=False)
-        watch = parse_watch_mode(o.gpu_watch)
-        watch_every = parse_duration(o.gpu_watch_interval, "--gpu-watch-interval", allow_zero=False)
-        if o.max_restarts < 0:
-            raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
-        if o.start_method not in START_METHODS:
-            raise UsageError(f"--start-method {o.start_method!r}: torchrun's choices are spawn, fork and forkserver.")
+        supervised = supervision(o)  # 3
+        StartMethod.parse(o.start_method, "--start-method")
         conf = parse_rdzv_conf(o.rdzv_conf)
         preloads = parse_preloads(o.preload, o.fast_start or o.warm)
         warm_idle = parse_duration(o.warm_idle, "--warm-idle", allow_zero=False)
@@ -347,31 +348,33 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         planned = build_plan(selection, replace(o.nodes, step=step), env, max_restarts=o.max_restarts,  # 4 and 6
                              ranks_filter=o.ranks_filter, from_env=o.from_env, forked=o.fast_start or o.warm)
         nodes = planned.nodes
-        allow = parse_store_allow(o.store_allow, nodes, backend)
+        allow = parse_store_allow(o.store_allow, nodes, supervised.store)
         python = check_python(env)  # 5
         target = check_target(Target(kind, o.script, o.args), python, env, cwd)
         if preloads and python == sys.executable:  # another interpreter has its own path: it checks at start
             script_dir = str((cwd / o.script).parent) if kind == "script" else str(cwd)
             check_preloads(preloads, [script_dir, str(cwd), *sys.path])
-        notes: list[str] = []
-        forked = o.fast_start or o.warm
-        fast = forked and _fast_start_supports(target)
-        if forked and not fast:
-            notes.append(f"{'--warm' if o.warm else '--fast-start'} forks Python ranks; {o.script} is a program "
-                         "(--no-python), so every rank starts with exec as usual")
-        deep = temp_dir_note(env)
-        if deep is not None:
-            notes.append(deep)
+        fast = (o.fast_start or o.warm) and _fast_start_supports(target)
         return LaunchConfig(
-            target=target, python=python, cwd=cwd, env=env, nodes=nodes, store_address=planned.store_address,
-            request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env), store=backend, store_allow=allow,
-            signals=signals, shutdown_timeout=shutdown, monitor_interval=monitor, stall_timeout=stall,
-            gpu_watch=watch, gpu_watch_interval=watch_every, max_restarts=o.max_restarts, role=o.role,
-            rdzv_conf=conf, join_timeout=join_timeout(conf), link_timing=link_timing(conf),
+            **supervised.shared(), target=target, python=python, cwd=cwd, env=env, nodes=nodes,
+            store_address=planned.store_address, request=planned.request, run_id=job_run_id(o.rdzv_id, nodes, env),
+            store_allow=allow, rdzv_conf=conf, join_timeout=join_timeout(conf), link_timing=link_timing(conf),
             output=output, fast_start=fast, preloads=preloads, warm=fast and o.warm, warm_idle=warm_idle,
-            wait_for_gpus=wait, network_check=not o.no_network_check,
-            dry_run=o.dry_run, notes=tuple(notes),
+            wait_for_gpus=wait, network_check=not o.no_network_check, dry_run=o.dry_run,
+            notes=_notes(o, fast, env),
         )
+
+
+def _notes(o: RunOptions, fast: bool, env: Mapping[str, str]) -> tuple[str, ...]:
+    """What the launcher says before it starts: a fast start that cannot fork this target, a deep TMPDIR."""
+    notes: list[str] = []
+    if (o.fast_start or o.warm) and not fast:
+        notes.append(f"{'--warm' if o.warm else '--fast-start'} forks Python ranks; {o.script} is a program "
+                     "(--no-python), so every rank starts with exec as usual")
+    deep = temp_dir_note(env)
+    if deep is not None:
+        notes.append(deep)
+    return tuple(notes)
 
 
 @contextlib.contextmanager

@@ -17,9 +17,10 @@ from pathlib import Path
 from ddpboot.errors import UsageError
 from ddpboot.launch.preflight import is_module_name
 from ddpboot.launch.pymain import TargetKind
-from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec, StoreBackend
-from ddpboot.selection.affinity import NUMA_POLICIES
+from ddpboot.launch.spec import PREFIX_FIELDS, Std, StdSpec
+from ddpboot.selection.affinity import NumaBinding
 from ddpboot.selection.request import SelectionOptions
+from ddpboot.units import OptionChoice
 
 _STD_HELP = "0 (none), 1 (stdout), 2 (stderr), 3 (both), or per local rank as RANK:VALUE pairs (0:3,10:2)"
 
@@ -136,6 +137,24 @@ def parse_signals(text: str, option: str = "--signals-to-handle") -> tuple[signa
     return tuple(out)
 
 
+class StartMethod(OptionChoice):
+    """torchrun's --start-method: checked, and changes nothing (every ddpboot worker is a fresh process). Taken as
+    typed, as torchrun takes it."""
+
+    SPAWN = "spawn"
+    FORK = "fork"
+    FORKSERVER = "forkserver"
+
+    @classmethod
+    def normal(cls, text: str | None) -> str:
+        return text or ""
+
+    @classmethod
+    def refusal(cls, text: str | None, where: str) -> str:
+        *first, last = cls.values()
+        return f"{where} {text!r}: torchrun's choices are {', '.join(first)} and {last}."
+
+
 def parse_rdzv_conf(text: str) -> dict[str, str]:
     """`key1=value1,key2=value2` (torchrun's --rdzv-conf)."""
     out: dict[str, str] = {}
@@ -187,10 +206,7 @@ no event, as ddpboot does."""
 def numa_selection(text: str, selection: SelectionOptions) -> SelectionOptions:
     """`--numa-binding POLICY`: torchrun's policies, as the request's CPU affinity (selection/affinity.py applies
     them to each rank's own GPU); it chooses each rank's cores, so a --cpu-affinity of one's own contradicts it."""
-    mode = text.strip().lower()
-    if mode not in NUMA_POLICIES:
-        raise UsageError(f"--numa-binding {text}: choose {', '.join(NUMA_POLICIES[:-1])} or {NUMA_POLICIES[-1]} "
-                         "(torchrun's policies), or give each rank's cores yourself with --cpu-affinity LIST.")
+    mode = NumaBinding.parse(text, "--numa-binding").value
     if selection.cpu_affinity.strip().lower() != "auto":
         raise UsageError(f"--numa-binding {text} and --cpu-affinity {selection.cpu_affinity} both choose each rank's "
                          "cores: give one of them.")
@@ -202,15 +218,6 @@ def refuse_torchrun_options(given: Mapping[str, str | None]) -> None:
     for option, value in given.items():
         if value is not None and value.strip().lower() not in ACCEPTED_TORCHRUN_VALUES.get(option, ()):
             raise UsageError(f"{option} {value}: {REFUSED_TORCHRUN_OPTIONS[option]}")
-
-
-def parse_store_backend(text: str) -> StoreBackend:
-    backend = text.strip().lower()
-    if backend == "python":
-        return "python"
-    if backend == "torch":
-        return "torch"
-    raise UsageError(f"--store {text!r}: choose python (ddpboot's store, the default) or torch.")
 
 
 def parse_preloads(text: str, fast_start: bool) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
-from ddpboot.launch.config import LaunchConfig, PlanConfig
+from ddpboot.launch.config import LaunchConfig, PlanConfig, RunOptions
 from ddpboot.launch.nodewatch import link_verdict, link_watch, node_link
 from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
 from ddpboot.launch.rundir import RunPaths, run_dir, temporary_run_dir, write_first
@@ -146,9 +146,10 @@ def _ensure_owner_check(config: LaunchConfig, nodes: NodeSetup) -> None:
 
 
 def plan_only(config: PlanConfig) -> Plan:
-    """`ddpboot plan`: the plan a run with these options would get now, refused where the run would refuse it."""
+    """`ddpboot plan`: the plan a run with these options would get now, refused where the run would refuse it (with
+    the run's default store: `plan` takes no --store)."""
     plan = preview_plan(config.request, config.nodes, config.env)
-    check_capacity(config.nodes, plan, "python", apply=False)
+    check_capacity(config.nodes, plan, StoreBackend.parse(RunOptions.store, "--store"), apply=False)
     return plan
 
 
@@ -214,28 +215,11 @@ def dry_run_json(plan: Plan, spec: LaunchSpec, config: LaunchConfig) -> dict[str
 
 def launch_spec(config: LaunchConfig, plan: Plan) -> LaunchSpec:
     """What the supervisor runs for this plan; the rank filters and stream maps are checked against it here."""
-    store = config.store_address
-    return LaunchSpec(
-        target=config.target,
-        python=config.python,
-        run_id=config.run_id,
-        role=config.role,
-        max_restarts=config.max_restarts,
-        shutdown_timeout=config.shutdown_timeout,
-        monitor_interval=config.monitor_interval,
-        stall_timeout=config.stall_timeout,
-        gpu_watch=config.gpu_watch,
-        gpu_watch_interval=config.gpu_watch_interval,
-        routing=config.output.routing(plan),
-        signals=config.signals,
-        master_addr=store.master_addr,
-        bind_addr=store.bind_addr,
-        master_port=store.port,
-        store=config.store,
-        store_allow=config.store_allow,
-        log_dir=config.output.log_dir,
-        log_mode=config.output.log_mode,
-    )
+    store, output = config.store_address, config.output
+    return LaunchSpec(**config.shared(), target=config.target, python=config.python, run_id=config.run_id,
+                      routing=output.routing(plan), master_addr=store.master_addr, bind_addr=store.bind_addr,
+                      master_port=store.port, store_allow=config.store_allow, log_dir=output.log_dir,
+                      log_mode=output.log_mode)
 
 
 def run(config: LaunchConfig, fast_start: FastStartProcess | None = None) -> int:

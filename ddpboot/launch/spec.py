@@ -1,7 +1,7 @@
 """What to launch, as plain data: the entry point (Target), where output goes (Std, Routing, LinePrefix), who may
-read the logs (LogMode), and what every attempt shares (LaunchSpec), with where a supervisor writes (RunDir) and what
-it watches (Watch). The runner (launch/runner.py) builds the LaunchSpec from the LaunchConfig and the plan; the
-supervisor turns it into processes."""
+read the logs (LogMode), who serves the store (StoreBackend), and what every attempt shares (Supervision, LaunchSpec),
+with where a supervisor writes (RunDir) and what it watches (Watch). The runner (launch/runner.py) builds the
+LaunchSpec from the LaunchConfig and the plan; the supervisor turns it into processes."""
 
 from __future__ import annotations
 
@@ -9,23 +9,21 @@ import os
 import signal
 import string
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum, IntFlag
+from dataclasses import dataclass, field, fields
+from enum import IntFlag
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ddpboot.errors import UsageError
 from ddpboot.launch.pymain import TargetKind
 from ddpboot.tcpstore.allow import AllowList
+from ddpboot.units import OptionChoice
 
-StoreBackend = Literal["python", "torch"]
 
-
-class LogMode(Enum):
+class LogMode(OptionChoice):
     """Who may read a run's directories and log files (`--log-mode`); see the module docstring."""
 
-    PRIVATE = "private"  # directories 0700, files 0600: the job's owner only
-    SHARED = "shared"  # what the umask allows (0755 and 0644 under the usual umask 022)
+    PRIVATE = "private", "the run's logs readable by you only, the default"  # directories 0700, files 0600
+    SHARED = "shared", "readable as your umask allows"  # 0755 and 0644 under the usual umask 022
 
     @property
     def dir_mode(self) -> int:
@@ -42,14 +40,11 @@ class LogMode(Enum):
             os.chmod(path, self.dir_mode)  # exactly 0700, whatever the umask left
 
 
-def parse_log_mode(text: str) -> LogMode:
-    try:
-        return LogMode(text.strip().lower())
-    except ValueError:
-        raise UsageError(
-            f"--log-mode {text!r}: choose private (the run's logs readable by you only, the default) or shared "
-            "(readable as your umask allows)."
-        ) from None
+class StoreBackend(OptionChoice):
+    """Who serves the workers' store (`--store`): ddpboot's own server, or torch's TCPStore in the guardian."""
+
+    PYTHON = "python", "ddpboot's store, the default"
+    TORCH = "torch"
 
 
 class Std(IntFlag):
@@ -118,49 +113,52 @@ class Routing:
         return b"" if self.prefix is None else self.prefix.render(rank, local_rank, node_rank)
 
 
-class WatchMode(str, Enum):
-    """--gpu-watch: what the launcher does about a GPU used wrongly while the job runs (launch/observe/gpuwatch.py)."""
-
-    OFF = "off"
-    WARN = "warn"
-    STRICT = "strict"
-
-
 GPU_WATCH_EXIT = 125  # the job's exit code when `--gpu-watch strict` ended it
 
 
-def parse_watch_mode(text: str) -> WatchMode:
-    for mode in WatchMode:
-        if text.strip().lower() == mode.value:
-            return mode
-    raise UsageError(f"--gpu-watch {text!r}: choose warn (the default: say what is wrong), strict (end the job "
-                     f"with exit code {GPU_WATCH_EXIT} when a rank uses a GPU that is not its own) or off.")
+class WatchMode(OptionChoice):
+    """--gpu-watch: what the launcher does about a GPU used wrongly while the job runs (launch/observe/gpuwatch.py)."""
+
+    WARN = "warn", "the default: say what is wrong"
+    STRICT = "strict", f"end the job with exit code {GPU_WATCH_EXIT} when a rank uses a GPU that is not its own"
+    OFF = "off"
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
+class Supervision:
+    """How every attempt of a job is supervised, as its options decided (launch/config.py `supervision`): the part a
+    LaunchConfig and its LaunchSpec share, both being one. No defaults: the command line's are RunOptions'."""
+
+    role: str
+    max_restarts: int
+    shutdown_timeout: float
+    monitor_interval: float
+    stall_timeout: float | None  # --stall-timeout: dump the stacks and stop after this long without progress
+    gpu_watch: WatchMode
+    gpu_watch_interval: float
+    signals: tuple[signal.Signals, ...]
+    store: StoreBackend
+
+    def shared(self) -> dict[str, Any]:
+        """These fields by name, for the record that shares them (`LaunchSpec(**config.shared(), ...)`)."""
+        return {f.name: getattr(self, f.name) for f in fields(Supervision)}
+
+
+@dataclass(frozen=True)
+class LaunchSpec(Supervision):
     """What the supervisor runs, the same for every attempt (and every elastic round but for the store's address):
-    built by the runner from the LaunchConfig and the plan (`runner.launch_spec`)."""
+    the LaunchConfig's supervision with what the plan and the node setup add (`runner.launch_spec`)."""
 
     target: Target
     python: str  # the interpreter for script, module and run_path targets (PYTHON_EXEC or the launcher's own)
     run_id: str
-    role: str = "default"
-    max_restarts: int = 0
-    shutdown_timeout: float = 30.0
-    monitor_interval: float = 0.1
-    stall_timeout: float | None = None  # --stall-timeout: dump the stacks and stop after this long without progress
-    gpu_watch: WatchMode = WatchMode.WARN
-    gpu_watch_interval: float = 5.0
-    routing: Routing = field(default_factory=Routing)
-    signals: tuple[signal.Signals, ...] = ()
-    master_addr: str = "127.0.0.1"  # what workers get as MASTER_ADDR
-    bind_addr: str = "127.0.0.1"  # where the store listens
-    master_port: int | None = None  # None: any free port (bound by the launcher, so no race)
-    store: StoreBackend = "python"
-    store_allow: AllowList | None = None  # the addresses the store serves (None: every address; tcpstore/allow.py)
-    log_dir: Path | None = None  # --log-dir: the job's logs under DIR/RUN_ID; None: a temporary directory
-    log_mode: LogMode = LogMode.PRIVATE  # who may read the run directory and its files
+    routing: Routing
+    master_addr: str  # what workers get as MASTER_ADDR
+    bind_addr: str  # where the store listens
+    master_port: int | None  # None: any free port (bound by the launcher, so no race)
+    store_allow: AllowList | None  # the addresses the store serves (None: every address; tcpstore/allow.py)
+    log_dir: Path | None  # --log-dir: the job's logs under DIR/RUN_ID; None: a temporary directory
+    log_mode: LogMode  # who may read the run directory and its files
 
 
 @dataclass(frozen=True)

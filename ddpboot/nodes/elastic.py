@@ -29,7 +29,7 @@ def elastic_nodes(
     endpoint: str,
     *,
     standalone: bool = False,
-    rdzv_backend: RdzvBackend = "c10d",
+    rdzv_backend: RdzvBackend = RdzvBackend.C10D,
     ranks_filter: str | None = None,
     local_addr: str | None = None,
     ignored_options: tuple[str, ...] = (),
@@ -40,7 +40,7 @@ def elastic_nodes(
     numbers the nodes and chooses the store's address); they are reported in a note."""
     if standalone:
         raise UsageError(f"--standalone is a one-node job and --nnodes {text} an elastic range; drop one of them.")
-    problems = ([f"--rdzv-backend is {rdzv_backend}"] if rdzv_backend != "c10d" else []) + (
+    problems = ([f"--rdzv-backend is {rdzv_backend}"] if rdzv_backend != RdzvBackend.C10D else []) + (
         ["--rdzv-endpoint is missing"] if not endpoint.strip() else [])
     if problems:
         raise UsageError(

@@ -27,7 +27,6 @@ from ddpboot.nodes.static import (
     check_resolvable,
     parse_endpoint,
     parse_node_range,
-    parse_rdzv_backend,
     resolve_nodes,
     scheduler_span,
 )
@@ -48,7 +47,7 @@ class NodeOptions:
     master_addr: str | None = None
     master_port: int | None = None
     rdzv_endpoint: str = ""
-    rdzv_backend: str = "static"  # as typed; parse_rdzv_backend reads it, once
+    rdzv_backend: str = RdzvBackend.STATIC.value  # as typed; RdzvBackend.parse reads it, once
     standalone: bool = False
     local_addr: str | None = None
     step: str = ""  # what the launchers of one scheduler step share (their command): a pbsdsh step's port
@@ -73,7 +72,7 @@ def launcher_nodes(
     c10d rendezvous (launch/elastic/), which decides the node rank at each round."""
     text = "1" if options.nnodes is None else options.nnodes
     low, high = parse_node_range(text)
-    backend = parse_rdzv_backend(options.rdzv_backend)
+    backend = RdzvBackend.parse(options.rdzv_backend, "--rdzv-backend")
     if low != high or _rendezvous_numbers_nodes(options, backend, low, env):
         unused = {"--node-rank": options.node_rank, "--master-addr": options.master_addr,
                   "--master-port": options.master_port}
@@ -104,7 +103,7 @@ def _rendezvous_numbers_nodes(options: NodeOptions, backend: RdzvBackend, count:
     rendezvous numbers the nodes, as for the range N:N, and --node-rank / --master-addr are not used (torchrun
     ignores them there too, with a warning). Inside a SLURM step, which numbers the nodes itself, the endpoint
     stands for node 0's store address instead."""
-    return count > 1 and backend == "c10d" and bool(options.rdzv_endpoint) and not in_srun_step(env)
+    return count > 1 and backend is RdzvBackend.C10D and bool(options.rdzv_endpoint) and not in_srun_step(env)
 
 
 def _fixed_nodes(options: NodeOptions, nnodes: int | None, env: Mapping[str, str]) -> NodeSetup:

@@ -25,7 +25,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
 
 from ddpboot.cluster.base import ClusterEnvironment, first_set
 from ddpboot.cluster.kubernetes import pytorchjob_master
@@ -36,7 +35,7 @@ from ddpboot.cluster.pbs import in_pbsdsh_task, pbs_node_info
 from ddpboot.cluster.slurm import in_srun_step, slurm_node_info
 from ddpboot.contract import TORCHRUN_MASTER_PORT, is_tcp_port
 from ddpboot.errors import UsageError
-from ddpboot.units import plural
+from ddpboot.units import OptionChoice, plural
 
 DEFAULT_RDZV_PORT = 29400  # torch's c10d rendezvous default port (an endpoint given as HOST only)
 LOOPBACK = "127.0.0.1"
@@ -64,24 +63,20 @@ class NodeSource(str, Enum):
         return self.value
 
 
-RdzvBackend = Literal["static", "c10d"]
-"""torchrun's --rdzv-backend values ddpboot runs: `static` (ddpboot's store) and `c10d` (torch's rendezvous)."""
+class RdzvBackend(OptionChoice):
+    """torchrun's --rdzv-backend values ddpboot runs: `static` (ddpboot's store) and `c10d` (torch's rendezvous);
+    etcd is refused by name, with what to use instead."""
 
+    STATIC = "static", "the default"
+    C10D = "c10d"
 
-def parse_rdzv_backend(text: str) -> RdzvBackend:
-    """--rdzv-backend as typed (any case); etcd is refused by name, with what to use instead."""
-    backend = text.strip().lower()
-    if backend == "static":
-        return "static"
-    if backend == "c10d":
-        return "c10d"
-    if backend in ("etcd", "etcd-v2"):
-        raise UsageError(
-            f"--rdzv-backend {text}: ddpboot has no etcd rendezvous and would not use it. A fixed node count meets at "
-            "ddpboot's store (--master-addr/--master-port, or --rdzv-backend static); an elastic --nnodes MIN:MAX "
-            "runs through torch's c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)."
-        )
-    raise UsageError(f"--rdzv-backend {text!r}: ddpboot takes static (the default) or c10d.")
+    @classmethod
+    def refusal(cls, text: str | None, where: str) -> str:
+        if cls.normal(text) in ("etcd", "etcd-v2"):
+            return (f"{where} {text}: ddpboot has no etcd rendezvous and would not use it. A fixed node count meets "
+                    "at ddpboot's store (--master-addr/--master-port, or --rdzv-backend static); an elastic --nnodes "
+                    "MIN:MAX runs through torch's c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint HOST:PORT).")
+        return f"{where} {text!r}: ddpboot takes {cls.listing()}."
 
 
 def check_port(port: int, option: str) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from ddpboot.errors import UsageError
+from ddpboot.units import OptionChoice
 
 
 def parse_cpu_list(text: str, option: str = "--cpu-affinity") -> tuple[int, ...]:
@@ -119,12 +120,23 @@ class CoreLists:
     per_rank: bool
 
 
-NUMA_POLICIES = ("node", "socket", "exclusive", "core-complex")
+class NumaBinding(OptionChoice):
+    """torchrun's NUMA policies (`--numa-binding`; the module docstring says what each binds)."""
+
+    NODE = "node"
+    SOCKET = "socket"
+    EXCLUSIVE = "exclusive"
+    CORE_COMPLEX = "core-complex"
+
+    @classmethod
+    def refusal(cls, text: str | None, where: str) -> str:
+        return (f"{where} {text}: choose {cls.listing()} (torchrun's policies), or give each rank's cores yourself "
+                "with --cpu-affinity LIST.")
 
 
 @dataclass(frozen=True)
 class NumaPolicy:
-    """One of torchrun's NUMA policies (NUMA_POLICIES; the module docstring says what each binds)."""
+    """One of torchrun's NUMA policies (NumaBinding's words), as --cpu-affinity or --numa-binding gave it."""
 
     mode: str
 
@@ -139,7 +151,7 @@ def parse_cpu_affinity(text: str) -> CpuAffinity:
     mode = text.strip().lower()
     if mode in ("auto", "none"):
         return "auto" if mode == "auto" else "none"
-    if mode in NUMA_POLICIES:
+    if mode in NumaBinding.values():
         return NumaPolicy(mode)
     if ";" in text:
         return CoreLists(text, tuple(parse_cpu_list(part) for part in text.split(";")), per_rank=True)

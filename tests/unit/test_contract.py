@@ -1,10 +1,35 @@
-"""contract.Isolation: the one place that says what each isolation mode means for a worker."""
+"""contract.Choice, the base of every closed set of words, and contract.Isolation: the one place that says what
+each isolation mode means for a worker."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from ddpboot.contract import Isolation
+from ddpboot.contract import Choice, Isolation
+
+
+class Colour(Choice):
+    RED = "red", "the default"
+    GREEN = "green"
+    DEEP_BLUE = "deep-blue", "a colour of two words"
+
+
+def test_a_choice_is_its_words_in_order_each_a_string() -> None:
+    assert Colour.values() == ("red", "green", "deep-blue")
+    assert Colour.RED == "red" and str(Colour.DEEP_BLUE) == "deep-blue" and f"{Colour.GREEN}" == "green"
+    assert json.dumps({"c": Colour.RED}) == '{"c": "red"}' and Colour.RED.about == "the default"
+    assert Colour.GREEN.about == ""
+
+
+def test_a_word_is_read_in_any_case_and_a_refusal_names_where_it_came_from_and_every_word() -> None:
+    assert Colour.parse(" Deep-Blue ", "--colour") is Colour.DEEP_BLUE
+    with pytest.raises(ValueError, match=r"^--colour 'blue': choose red \(the default\), green or deep-blue "
+                       r"\(a colour of two words\)\.$"):
+        Colour.parse("blue", "--colour")
+    with pytest.raises(ValueError, match=r"^COLOUR=None: choose"):
+        Colour.parse(None, "COLOUR")
 
 
 def test_parse_takes_any_case_and_names_where_the_bad_value_came_from() -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ddpboot.errors import UsageError
-from ddpboot.units import format_size, parse_size, plural
+from ddpboot.units import OptionChoice, format_size, parse_size, plural
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,14 @@ def test_format_size() -> None:
 
 def test_plural() -> None:
     assert [plural(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+
+
+class Mode(OptionChoice):
+    ON = "on"
+    OFF = "off"
+
+
+def test_an_options_word_it_does_not_know_is_a_usage_error() -> None:
+    assert Mode.parse("ON", "--mode") is Mode.ON
+    with pytest.raises(UsageError, match=r"^--mode 'maybe': choose on or off\.$"):
+        Mode.parse("maybe", "--mode")

@@ -41,7 +41,6 @@ from ddpboot.launch.procs.procstat import group_still_ours
 from ddpboot.launch.spec import Target
 
 DIR_VAR = "DDPBOOT_WARM_DIR"
-DEFAULT_IDLE = 15 * 60.0  # --warm-idle
 # The variables that Python reads as it starts (PYTHON*, the locale, TZ, HOME for the user site directory), the
 # dynamic linker (LD_*), and torch and its OpenMP/BLAS libraries while torch is imported. Any change of one starts
 # a fresh warm process. Others (CUDA_VISIBLE_DEVICES, NCCL_*, RANK, ...) are read by torch later, in the rank.

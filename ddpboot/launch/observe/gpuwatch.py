@@ -1,6 +1,6 @@
 """The job's GPUs, watched while it runs (`--gpu-watch warn`, the default; `strict`; `off`).
 
-Every WATCH_INTERVAL seconds the launcher reads NVML's compute processes of every GPU of the machine (through one
+Every --gpu-watch-interval seconds the launcher reads NVML's compute processes of every GPU of the machine (through one
 NVML session kept open for the attempt, or the simulated inventory's `processes`) and the process table (/proc),
 and maps each pid to a rank: the rank's process and every descendant of it, or a process that still carries the
 rank's mark in its environment (see procs/leftovers.py). Then, once per (rank, GPU) or (pid, GPU):
@@ -33,7 +33,6 @@ from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
 from ddpboot.selection.activity import GpuHealth, GpuProcess, GpuReader
 from ddpboot.selection.planner import Plan
 
-WATCH_INTERVAL = 5.0  # seconds between two readings
 MIB = 1024 * 1024
 CAUSES = ("a barrier() or init_process_group() without device_id, torch.load() without map_location, .cuda() or a "
           "CUDA call before torch.cuda.set_device(), or cuda:N with N other than 0 under rank isolation")
@@ -195,7 +194,7 @@ class GpuWatch(Observer):
     env: Mapping[str, str]
     run_dir: Path | None
     say: Callable[[str], None]
-    interval: float = WATCH_INTERVAL
+    interval: float  # --gpu-watch-interval: seconds between two readings
     said: set[tuple[object, ...]] = field(default_factory=set)
     reader: GpuReader | None = None
     broken: bool = False

@@ -10,6 +10,7 @@ from typer.main import get_command
 from ddpboot.cli.completion import SHELLS, Opt, options_of, script
 from ddpboot.cli.run import run_app
 from ddpboot.cli.tools import tools
+from ddpboot.launch.spec import WatchMode
 
 
 def run_options() -> list[Opt]:
@@ -24,6 +25,18 @@ def test_the_visible_options_with_their_spellings_and_values() -> None:
     assert opts["-r"].names == ("-r", "--redirects") and "--help" in {n for o in opts.values() for n in o.names}
     assert "--logs-specs" not in opts and "--duplicate-stdout-filters" not in opts  # refused: hidden, not offered
     assert opts["--print-completion"].help == "Print a completion script for bash, zsh, tcsh or fish and exit, e.g"
+
+
+def test_every_option_with_a_fixed_set_completes_its_words() -> None:
+    """Read from each option's row (its Choice, or its words): nothing to keep in step by hand."""
+    opts = {o.names[0]: o.choices for o in run_options()}
+    assert opts["--gpu-watch"] == WatchMode.values() == ("warn", "strict", "off")
+    assert opts["--numa-binding"] == ("node", "socket", "exclusive", "core-complex")
+    assert opts["-r"] == opts["-t"] == ("0", "1", "2", "3")
+    assert opts["--store"] == ("python", "torch") and opts["--log-mode"] == ("private", "shared")
+    assert opts["--start-method"] == ("spawn", "fork", "forkserver") and opts["--rdzv-backend"] == ("static", "c10d")
+    assert opts["--print-completion"] == SHELLS and opts["--nproc"] == ("gpu", "auto", "cpu")
+    assert opts["--gpus"] == () and opts["--log-dir"] == ()
 
 
 def test_every_shell_gets_every_option() -> None:

@@ -4,13 +4,16 @@ environment."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from ddpboot.cli.options import NODES, SELECTION, only, with_options
+from ddpboot.cli.options import HOSTS, NODES, SELECTION, OptionGroup, only, with_options
+from ddpboot.cli.run_options import COMMAND, REFUSED, RUN
 from ddpboot.errors import UsageError
-from ddpboot.launch.config import NodeOptions, SelectionOptions, build_plan
+from ddpboot.launch.config import HostOptions, NodeOptions, RunOptions, SelectionOptions, build_plan
 
 seen: dict[str, object] = {}
 app = typer.Typer()
@@ -29,6 +32,15 @@ subset_app = typer.Typer()
 @with_options(only(SELECTION, "exclude"))
 def probe_subset(selection: SelectionOptions) -> None:
     seen.update(selection=selection)
+
+
+hosts_app = typer.Typer()
+
+
+@hosts_app.command()
+@with_options(HOSTS)
+def probe_hosts(hosts: HostOptions) -> None:
+    seen.update(hosts=hosts)
 
 
 def invoke(target: typer.Typer, *args: str, **env: str) -> dict[str, object]:
@@ -91,3 +103,29 @@ def test_bad_selection_values(args: tuple[str, str], message: str) -> None:
 def test_an_elastic_range_is_planned_as_the_run_would() -> None:
     with pytest.raises(UsageError, match="--nnodes 1:2 is an elastic range, which runs through torch's c10d"):
         build_plan(SelectionOptions(), NodeOptions(nnodes="1:2"), {})
+
+
+GROUPS = [SELECTION, NODES, HOSTS, RUN, COMMAND, REFUSED]
+NOT_OPTIONS = {NodeOptions: {"step"}, RunOptions: {"script", "args", "selection", "nodes", "hosts", "refused",
+                                                    "from_env"}}  # what the command line fills in otherwise
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=[g.name for g in GROUPS])
+def test_every_field_is_one_row_and_its_default_is_the_fields(group: OptionGroup) -> None:
+    """The dataclass is the one home of each option's default: the command line's is read from it."""
+    fields = {f.name: f for f in dataclasses.fields(group.record)}
+    rows = [r.name for r in group.rows]
+    assert sorted(rows) == sorted(set(fields) - NOT_OPTIONS.get(group.record, set())) and len(rows) == len(set(rows))
+    for param in group.params:
+        default = fields[param.name].default
+        assert param.default == (None if isinstance(default, tuple) else default), param.name
+
+
+def test_the_run_options_defaults_are_strings_as_typed() -> None:
+    assert (RunOptions.gpu_watch, RunOptions.gpu_watch_interval, RunOptions.warm_idle) == ("warn", "5", "15m")
+    assert type(RunOptions.store) is str and RunOptions.store == "python"
+
+
+def test_a_repeated_option_arrives_as_a_tuple() -> None:
+    assert invoke(hosts_app, "--env", "A", "--env", "B=1")["hosts"] == HostOptions(env=("A", "B=1"))
+    assert invoke(hosts_app)["hosts"] == HostOptions()

@@ -6,12 +6,13 @@ import pytest
 
 from ddpboot.cli.render import plan_head, plan_notes, render_dry_run, render_gpus, render_plan
 from ddpboot.cli.tools import gpu_states
-from ddpboot.launch.spec import LaunchSpec, Target
+from ddpboot.launch.spec import Target
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import parse_request
 from ddpboot.units import short_uuid
+from tests.support import launch_spec
 
 
 def plan(**req: object) -> Plan:
@@ -38,7 +39,7 @@ def test_a_dry_run_shows_each_command_and_what_it_changes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    spec = LaunchSpec(Target("script", "train.py", ("--lr", "0.1")), "/usr/bin/python3", "run-1")
+    spec = launch_spec(target=Target("script", "train.py", ("--lr", "0.1")), python="/usr/bin/python3")
     render_dry_run(plan(nproc="2"), spec, {"RANK": "9"})
     out = capsys.readouterr().out
     assert "store: python server on 127.0.0.1:<a free port bound at launch>" in out

@@ -14,12 +14,11 @@ from ddpboot.launch.options import (
     REFUSED_TORCHRUN_OPTIONS,
     check_preloads,
     parse_preloads,
-    parse_store_backend,
     refuse_torchrun_options,
     target_kind,
 )
 from ddpboot.launch.rundir import temporary_log_base
-from ddpboot.launch.spec import Std
+from ddpboot.launch.spec import Std, StoreBackend
 from ddpboot.selection.affinity import NumaPolicy
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
@@ -110,9 +109,10 @@ def test_contradictory_target_kinds() -> None:
 
 
 def test_store_backends() -> None:
-    assert parse_store_backend(" Torch ") == "torch" and parse_store_backend("python") == "python"
-    with pytest.raises(UsageError, match="--store 'foo': choose python"):
-        parse_store_backend("foo")
+    assert StoreBackend.parse(" Torch ", "--store") is StoreBackend.TORCH
+    assert StoreBackend.parse("python", "--store") is StoreBackend.PYTHON
+    with pytest.raises(UsageError, match=r"^--store 'foo': choose python \(ddpboot's store, the default\) or torch\.$"):
+        StoreBackend.parse("foo", "--store")
 
 
 def test_preloads() -> None:

@@ -22,6 +22,7 @@ from ddpboot.launch.spec import Target
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
 from ddpboot.selection.request import parse_request
+from tests.support import launch_spec
 
 CONTRACT = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -185,17 +186,15 @@ def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
 def test_the_flight_recorder_names_follow_the_workers_torch(tmp_path: Path) -> None:
     """The workers' torch release only where they run the launcher's own interpreter; any other interpreter
     (PYTHON_EXEC) or a binary may carry another torch: unknown, so the oldest names, which every release reads."""
-    import sys
 
-    from ddpboot.launch.spec import LaunchSpec
     from ddpboot.launch.supervisor.workers import installed_torch, workers_torch
 
-    own = LaunchSpec(Target("script", "train.py"), sys.executable, "run-1")
+    own = launch_spec()
     assert workers_torch(own) == installed_torch() is not None
     other = tmp_path / "python3"
     other.symlink_to("/bin/true")
-    assert workers_torch(LaunchSpec(Target("script", "train.py"), str(other), "run-1")) is None
-    assert workers_torch(LaunchSpec(Target("binary", "train"), sys.executable, "run-1")) is None
+    assert workers_torch(launch_spec(python=str(other))) is None
+    assert workers_torch(launch_spec(target=Target("binary", "train"))) is None
 
 
 def test_the_torch_release_comes_from_the_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:

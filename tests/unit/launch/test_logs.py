@@ -14,7 +14,7 @@ import pytest
 from ddpboot.errors import UsageError
 from ddpboot.launch import logs
 from ddpboot.launch.logs import Console, LogFile, RankStream, read_error_file
-from ddpboot.launch.spec import LinePrefix, LogMode, Routing, Std, parse_log_mode
+from ddpboot.launch.spec import LinePrefix, LogMode, Routing, Std
 from tests.support import render_terminal
 
 
@@ -271,9 +271,11 @@ def test_the_recorded_traceback_is_read_from_the_error_file(tmp_path: Path) -> N
 
 
 def test_log_modes_are_parsed_by_name() -> None:
-    assert parse_log_mode(" Shared ") is LogMode.SHARED and parse_log_mode("private") is LogMode.PRIVATE
-    with pytest.raises(UsageError, match="--log-mode 'public': choose private"):
-        parse_log_mode("public")
+    assert LogMode.parse(" Shared ", "--log-mode") is LogMode.SHARED
+    assert LogMode.parse("private", "--log-mode") is LogMode.PRIVATE
+    with pytest.raises(UsageError, match=r"^--log-mode 'public': choose private \(the run's logs readable by you only, "
+                       r"the default\) or shared \(readable as your umask allows\)\.$"):
+        LogMode.parse("public", "--log-mode")
 
 
 def test_a_line_that_carries_its_ranks_prefix_already_gets_one_prefix() -> None:

@@ -15,31 +15,20 @@ import pytest
 
 from ddpboot.errors import UsageError
 from ddpboot.launch import runner
-from ddpboot.launch.config import LaunchConfig, OutputConfig
-from ddpboot.launch.spec import Target
+from ddpboot.launch.config import LaunchConfig, RunOptions, SelectionOptions, build
 from ddpboot.nodes.launcher import StoreAddress
 from ddpboot.nodes.static import resolve_nodes
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import current_holders
-from ddpboot.selection.request import parse_request
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> LaunchConfig:
     env = {"DDPBOOT_FAKE_GPUS": "4", "DDPBOOT_LOCK_DIR": str(tmp_path / "locks"), "PATH": os.defpath}
-    return LaunchConfig(
-        target=Target("script", "train.py", ("--epochs", "3")),
-        python="/usr/bin/python3",
-        cwd=tmp_path,
-        env=env,
-        nodes=resolve_nodes({}),
-        store_address=StoreAddress("127.0.0.1", "127.0.0.1", None),
-        request=parse_request(nproc="2"),
-        run_id="run7",
-        signals=(signal.SIGTERM,),
-        role="trainer",
-        output=OutputConfig(prefix=False),
-    )
+    (tmp_path / "train.py").write_text("")
+    options = RunOptions(script="train.py", args=("--epochs", "3"), selection=SelectionOptions(nproc="2"),
+                         rdzv_id="run7", signals_to_handle="SIGTERM", role="trainer", no_prefix=True)
+    return replace(build(options, env, tmp_path), python="/usr/bin/python3")
 
 
 def test_the_preview_carries_the_node_setup(config: LaunchConfig) -> None:
@@ -56,7 +45,7 @@ def test_the_launch_spec_follows_the_config(config: LaunchConfig) -> None:
                                                                    (signal.SIGTERM,))
     assert (spec.master_addr, spec.bind_addr, spec.master_port, spec.store) == ("127.0.0.1", "127.0.0.1", None,
                                                                                "python")
-    assert spec.routing.prefix is False and set(spec.routing.console) == {0, 1}
+    assert spec.routing.prefix is None and set(spec.routing.console) == {0, 1}
     assert spec.run_id == "run7" and (spec.log_dir, spec.stall_timeout) == (None, None)
 
 

@@ -5,7 +5,6 @@ under torchrun's rules: success, failures and restarts, membership changes, no r
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,12 @@ from ddpboot.launch.elastic.client import AgentError, Stopped
 from ddpboot.launch.elastic.driver import EXIT_BARRIER, run_elastic
 from ddpboot.launch.elastic.rounds import Round
 from ddpboot.launch.logs import Console
-from ddpboot.launch.spec import EndJob, LaunchSpec, Std, Target
+from ddpboot.launch.spec import EndJob, Std
 from ddpboot.launch.supervisor import AttemptResult
 from ddpboot.nodes.outcome import LOST_CODE
 from ddpboot.nodes.static import elastic_setup
 from ddpboot.selection.planner import Plan, RankSlot
+from tests.support import launch_spec
 
 ENDPOINT = "127.0.0.1:29400"
 
@@ -157,8 +157,8 @@ class Job:
 
 def run_job(agent: FakeAgent, supervisors: Supervisors, tmp_path: Path, max_restarts: int = 0,
             log_dir: bool = True) -> Job:
-    spec = LaunchSpec(target=Target("script", "train.py"), python=sys.executable, run_id="job7",
-                      max_restarts=max_restarts, log_dir=tmp_path / "logs" if log_dir else None)
+    spec = launch_spec(run_id="job7",
+                       max_restarts=max_restarts, log_dir=tmp_path / "logs" if log_dir else None)
     slots = tuple(RankSlot(rank=i, local_rank=i, gpus=(), cuda_visible_devices="", device="cpu") for i in range(2))
     plan = Plan(ranks=slots, world_size=4, nnodes=2, node_rank=0, isolation=Isolation.RANK, backend="gloo")
     nodes = elastic_setup(1, 2, ENDPOINT, "127.0.0.1")

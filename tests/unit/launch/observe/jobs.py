@@ -12,10 +12,11 @@ from ddpboot.launch.logs import RankStream
 from ddpboot.launch.observe.base import Job
 from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.rundir import RunPaths
-from ddpboot.launch.spec import LaunchSpec, Std, Target, Watch, WatchMode
+from ddpboot.launch.spec import Std, Watch, WatchMode
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.gpu import GPU
 from ddpboot.selection.planner import Plan, RankSlot
+from tests.support import launch_spec
 
 
 class Clock:
@@ -51,8 +52,7 @@ def job(run: Path, clock: Clock, said: list[str], slots: tuple[RankSlot, ...] = 
         env: dict[str, str] | None = None, **spec: object) -> Job:
     plan = Plan(ranks=slots or (slot(0), slot(1)), world_size=len(slots) or 2, nnodes=1, node_rank=0,
                 isolation=Isolation.NODE, backend="gloo")
-    base = LaunchSpec(target=Target("script", "train.py", ()), python="/usr/bin/python3", run_id="job-7",
-                      gpu_watch=WatchMode.WARN)
+    base = launch_spec(python="/usr/bin/python3", run_id="job-7", gpu_watch=WatchMode.WARN)
     status = RunStatus(run, "job-7", 0, plan.world_size, clock=clock, wall=lambda: 1000.0 + clock.now)
     return Job(0, replace(base, **spec), plan, RunPaths(run), False, env or dict(os.environ), 29500, said.append,
                clock, status, watch)

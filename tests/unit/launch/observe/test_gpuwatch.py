@@ -13,7 +13,7 @@ from ddpboot.launch.observe.base import End
 from ddpboot.launch.observe.gpuwatch import GpuWatch, RankGpus, findings, health_findings, owners
 from ddpboot.launch.observe.status import read_status
 from ddpboot.launch.procs.leftovers import Proc
-from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode, parse_watch_mode
+from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
 from ddpboot.selection.activity import GpuHealth, GpuProcess
 from tests.unit.launch.observe.jobs import Attempt, Clock, gpu, job, slot, worker
 
@@ -67,9 +67,9 @@ def test_pids_this_launcher_cannot_see_are_said_once_and_nothing_else() -> None:
 
 
 def test_the_mode_is_parsed_with_the_choices_named() -> None:
-    assert parse_watch_mode(" Strict") is WatchMode.STRICT
+    assert WatchMode.parse(" Strict", "--gpu-watch") is WatchMode.STRICT
     with pytest.raises(UsageError, match=r"--gpu-watch 'loud': choose warn .* strict .* exit code 125 .* or off"):
-        parse_watch_mode("loud")
+        WatchMode.parse("loud", "--gpu-watch")
 
 
 def health(uuid: str = "GPU-a", used: int = 10, **kw: object) -> GpuHealth:

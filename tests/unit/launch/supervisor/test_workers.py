@@ -9,9 +9,10 @@ from pathlib import Path
 from ddpboot.contract import Isolation
 from ddpboot.launch.logs import Console
 from ddpboot.launch.rundir import AttemptPaths
-from ddpboot.launch.spec import LaunchSpec, Routing, Std, Target
+from ddpboot.launch.spec import Routing, Std, Target
 from ddpboot.launch.supervisor.workers import AttemptSetup, describe_status, exit_code_of, make_workers
 from ddpboot.selection.planner import Plan, RankSlot
+from tests.support import launch_spec
 
 EXITED_3 = 3 << 8  # the wait status of exit(3)
 KILLED_BY_SIGKILL = signal.SIGKILL
@@ -24,8 +25,8 @@ def plan(n: int = 2) -> Plan:
 
 
 def setup(routing: Routing, with_files: bool = True) -> AttemptSetup:
-    spec = LaunchSpec(target=Target("script", "train.py", ("--rank", "${local_rank}")), python="/usr/bin/python3",
-                      run_id="job", max_restarts=2, routing=routing, signals=(signal.SIGUSR1,))
+    spec = launch_spec(target=Target("script", "train.py", ("--rank", "${local_rank}")), python="/usr/bin/python3",
+                       run_id="job", max_restarts=2, routing=routing, signals=(signal.SIGUSR1,))
     return AttemptSetup(spec, plan(), {"PATH": "/bin", "OMP_NUM_THREADS": "4"}, 29500,
                         Console(os.open(os.devnull, os.O_WRONLY)), with_files)
 
