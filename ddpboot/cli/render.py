@@ -13,7 +13,7 @@ from ddpboot.selection.locks import Holder
 from ddpboot.units import format_size, short_uuid
 
 if TYPE_CHECKING:
-    from ddpboot.launch.spec import LaunchSpec
+    from ddpboot.launch.preview import DryRun
     from ddpboot.selection.gpu import Inventory
     from ddpboot.selection.planner import Plan
     from ddpboot.smoke import Report
@@ -265,30 +265,20 @@ def render_smoke(report: Report) -> None:
               f"{report.wall_seconds:.1f} s")
 
 
-def render_dry_run(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> None:
+def render_dry_run(dry: DryRun, env: Mapping[str, str]) -> None:
     """The plan, the store, and each rank's command line and the variables ddpboot sets (with what they were)."""
-    from pathlib import Path
-
-    from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
-    from ddpboot.launch.rundir import RunPaths
-
-    render_plan(plan)
-    port = spec.master_port or 0
-    ctx = EnvContext(spec.master_addr, port, spec.run_id, spec.role, 0, spec.max_restarts,
-                     ",".join(s.name for s in spec.signals))
+    spec = dry.spec
+    render_plan(dry.plan)
     print()
-    print(f"store: {spec.store} server on {spec.bind_addr}:" + (str(port) if port else "<a free port bound at launch>"))
-    for slot in plan.ranks:
-        argv = worker_argv(spec.target, spec.python, slot.local_rank)
-        own = worker_vars(plan, slot, ctx, env, str(RunPaths(Path("<log dir>")).attempt(0).error_file(slot.rank)))
-        if not port:
-            own["MASTER_PORT"] = "<port bound at launch>"
-        print(f"\nrank {slot.rank} (local rank {slot.local_rank}): {shlex.join(argv)}")
-        if slot.cpus:
-            print(f"  cpu affinity: {format_cpu_list(slot.cpus)}")
-        if slot.mem_nodes:
-            print(f"  memory: preferred from NUMA node{'s' if len(slot.mem_nodes) > 1 else ''} "
-                  f"{', '.join(map(str, slot.mem_nodes))}")
-        for key, value in own.items():
+    print(f"store: {spec.store} server on {spec.bind_addr}:" + (str(spec.master_port) if spec.master_port else
+                                                                 "<a free port bound at launch>"))
+    for worker in dry.workers:
+        print(f"\nrank {worker.rank} (local rank {worker.local_rank}): {shlex.join(worker.argv)}")
+        if worker.cpus:
+            print(f"  cpu affinity: {format_cpu_list(worker.cpus)}")
+        if worker.mem_nodes:
+            print(f"  memory: preferred from NUMA node{'s' if len(worker.mem_nodes) > 1 else ''} "
+                  f"{', '.join(map(str, worker.mem_nodes))}")
+        for key, value in worker.variables.items():
             was = f"  (was {env[key]!r})" if key in env and env[key] != value else ""
             print(f"  {key}={shlex.quote(value)}{was}")

@@ -79,9 +79,9 @@ def run(
 
 def _dry_run(config: LaunchConfig, as_json: bool) -> int:
     """Print the plan, the store and each worker's command and variables; start nothing."""
-    plan, spec = runner.dry_run(config)
+    dry = runner.dry_run(config)
     if as_json:
-        print(json.dumps(runner.dry_run_json(plan, spec, config), indent=2))
+        print(json.dumps(dry.to_json(), indent=2))
         return 0
     for note in config.notes:
         print(f"note: {note}")
@@ -92,5 +92,5 @@ def _dry_run(config: LaunchConfig, as_json: bool) -> int:
                   f"with {config.python}, and forks every rank")
         else:
             print(f"fast start: one process imports torch{preloads} with {config.python}, then forks every rank")
-    render_dry_run(plan, spec, config.env)
+    render_dry_run(dry, config.env)
     return 0

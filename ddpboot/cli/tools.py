@@ -18,7 +18,7 @@ from ddpboot.cli.options import HOSTS, NODES, SELECTION, only, with_options
 from ddpboot.cli.output import handle_errors
 from ddpboot.cli.render import render_gpus, render_plan, render_smoke
 from ddpboot.errors import UsageError
-from ddpboot.launch import runner
+from ddpboot.launch import preview, runner
 from ddpboot.launch.config import HostOptions, NodeOptions, Request, SelectionOptions, build_plan, parse_selection
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.gpu_list import resolve_list
@@ -135,7 +135,7 @@ def plan_cmd(
                          "hosts to ask here; drop it.")
     plan = plan_for(selection, nodes, from_env)
     if as_json:
-        print(json.dumps(runner.plan_json(plan), indent=2))
+        print(json.dumps(preview.plan_json(plan), indent=2))
     else:
         render_plan(plan, wide)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ddpboot.errors import UsageError
 from ddpboot.launch.logs import why_not_written
-from ddpboot.launch.spec import LogMode
+from ddpboot.launch.spec import LogMode, RunDir
 
 
 @dataclass(frozen=True)
@@ -163,9 +163,17 @@ def _check_room(base: Path) -> None:
                          "there, or give --log-dir a directory on another disk.")
 
 
+def job_dir(log_dir: Path | None, run_id: str, mode: LogMode) -> RunDir:
+    """A job's run directory, the same for a static job and the rounds of an elastic one: DIR/RUN_ID with --log-dir
+    (`run_dir`), else a fresh temporary one (`temporary_run_dir`)."""
+    if log_dir is not None:
+        return RunDir(run_dir(log_dir, run_id, mode), False)
+    return RunDir(temporary_run_dir(), True)
+
+
 def temporary_run_dir() -> Path:
-    """The run directory without --log-dir: a fresh 0700 directory in the temporary directory, removed at the end by
-    the runner."""
+    """The run directory without --log-dir: a fresh 0700 directory in the temporary directory, removed at the end
+    (by the supervisor, and by the runner should it never start)."""
     try:
         return Path(tempfile.mkdtemp(prefix="ddpboot-"))
     except OSError as exc:

@@ -16,17 +16,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddpboot.contract import STACKS_SIGNAL, STOP_SIGNALS
 from ddpboot.launch.config import LaunchConfig, PlanConfig, RunOptions
 from ddpboot.launch.nodewatch import link_verdict, link_watch, node_link
 from ddpboot.launch.preflight import ListenQueue, ensure_open_files, listen_queue
-from ddpboot.launch.rundir import RunPaths, run_dir, temporary_run_dir, write_first
+from ddpboot.launch.preview import DryRun, dry_run_workers, plan_json
+from ddpboot.launch.rundir import job_dir, write_first
 from ddpboot.launch.source_checks import isolation_note
-from ddpboot.launch.spec import LaunchSpec, RunDir, StoreBackend
+from ddpboot.launch.spec import LaunchSpec, StoreBackend
 from ddpboot.nodes.binding import BINDING_NOTE, on_launcher_cpus
 from ddpboot.nodes.launcher import bind_node_store
 from ddpboot.nodes.static import NodeSetup, cluster_info
@@ -40,9 +40,6 @@ from ddpboot.tcpstore.owner import ensure_owner_check
 if TYPE_CHECKING:
     from ddpboot.launch.faststart import FastStartProcess
     from ddpboot.nodes.watch import NodeLink
-
-
-"""The plan a run got, as `ddpboot plan --json` prints it, in its run directory (DIR/RUN_ID with --log-dir)."""
 
 
 class StoppedBeforeStart(Exception):
@@ -153,7 +150,7 @@ def plan_only(config: PlanConfig) -> Plan:
     return plan
 
 
-def dry_run(config: LaunchConfig) -> tuple[Plan, LaunchSpec]:
+def dry_run(config: LaunchConfig) -> DryRun:
     """`--dry-run`: the plan and what the supervisor would run; every check of a run but the locks and the wait for
     GPUs, and nothing started."""
     plan = preview_plan(config.request, config.nodes, config.env)
@@ -161,56 +158,8 @@ def dry_run(config: LaunchConfig) -> tuple[Plan, LaunchSpec]:
     _ensure_owner_check(config, config.nodes)
     if config.store_address.port and config.nodes.node_rank == 0:  # a port in use is reported now, as the launch
         bind_node_store(config.nodes, config.store_address).close()
-    return plan, launch_spec(config, plan)
-
-
-@dataclass(frozen=True)
-class DryRunWorker:
-    """What one rank would run: its command line, CPU affinity and the variables ddpboot sets for it."""
-
-    rank: int
-    local_rank: int
-    argv: list[str]
-    cpus: tuple[int, ...]
-    variables: dict[str, str]
-
-
-def dry_run_workers(plan: Plan, spec: LaunchSpec, env: Mapping[str, str]) -> list[DryRunWorker]:
-    """Each rank's command and variables as the first attempt would get them; the port and the error file's
-    directory, known only at launch, as placeholders."""
-    from ddpboot.launch.env import EnvContext, worker_argv, worker_vars
-
-    port = spec.master_port or 0
-    ctx = EnvContext(spec.master_addr, port, spec.run_id, spec.role, 0, spec.max_restarts,
-                     ",".join(s.name for s in spec.signals))
-    out = []
-    for slot in plan.ranks:
-        own = worker_vars(plan, slot, ctx, env, str(RunPaths(Path("<log dir>")).attempt(0).error_file(slot.rank)))
-        if not port:
-            own["MASTER_PORT"] = "<port bound at launch>"
-        out.append(DryRunWorker(slot.rank, slot.local_rank, worker_argv(spec.target, spec.python, slot.local_rank),
-                                tuple(slot.cpus), own))
-    return out
-
-
-def plan_json(plan: Plan) -> dict[str, object]:
-    """The plan as `ddpboot plan --json` prints it (docs/reference.md), the node setup included."""
-    data = plan.to_json()
-    data.setdefault("cluster", plan.cluster)
-    return data
-
-
-def dry_run_json(plan: Plan, spec: LaunchSpec, config: LaunchConfig) -> dict[str, object]:
-    """`--dry-run --json`: the plan (as `ddpboot plan --json`), the store, and each worker."""
-    return {
-        "plan": plan_json(plan),
-        "run_id": spec.run_id,
-        "store": {"backend": spec.store, "bind_addr": spec.bind_addr, "master_addr": spec.master_addr,
-                  "port": spec.master_port},
-        "notes": list(config.notes),
-        "workers": [{"rank": w.rank, "local_rank": w.local_rank, "argv": w.argv, "cpus": list(w.cpus),
-                     "env": w.variables} for w in dry_run_workers(plan, spec, config.env)],
-    }
+    spec = launch_spec(config, plan)
+    return DryRun(plan, spec, dry_run_workers(plan, spec, config.env), config.notes)
 
 
 def launch_spec(config: LaunchConfig, plan: Plan) -> LaunchSpec:
@@ -237,26 +186,14 @@ def run(config: LaunchConfig, fast_start: FastStartProcess | None = None) -> int
 def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int:
     nodes, env = config.nodes, dict(config.env)
     with contextlib.ExitStack() as stack:  # the one owner of everything the run takes, the GPU locks included
-        for note in config.notes:
-            say(f"note: {note}")
-        plan, locks = _reserve(config)
-        if locks is not None:
-            stack.callback(locks.release)
-        for note in plan.notes:
-            if note.startswith(BINDING_NOTE):  # an MPI binding narrower than the ranks (nodes/binding.py)
-                say(f"note: {note}")
-        plan = _with_nodes(plan, nodes)
-        for note in nodes.notes:
-            say(f"note: {note}")
-        _say_if_memory_unbound(plan)
-        counted = isolation_note(plan, config.target, config.cwd)
-        if counted:
-            say(f"note: {counted}")
+        plan = _planned(config, stack)
         spec = launch_spec(config, plan)
         _ensure_owner_check(config, nodes)
         if nodes.elastic:  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
             from ddpboot.launch.elastic import run_elastic
 
+            # What follows for a static job the driver does per round: it sizes and binds the round's store (no
+            # allow-list: refused for elastic jobs) and makes the round's directory in the job's (rundir.job_dir).
             fast_start = stack.enter_context(_fast_start(config, plan, given_fast_start))
             return run_elastic(spec, plan, env, nodes, conf=config.rdzv_conf, fast_start=fast_start)
         stop_if_signalled()
@@ -269,7 +206,9 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
         for note in allow_notes:
             say(f"note: {note}")
         spec = replace(spec, store_allow=allow)
-        where = _run_dir(config, spec, stack)
+        where = job_dir(spec.log_dir, spec.run_id, spec.log_mode)
+        if where.temporary:  # mkdtemp's 0700 whatever --log-mode says: error files, exit marks and stack dumps only
+            stack.callback(shutil.rmtree, where.path, True)
         write_first(where.path, where.temporary, json.dumps(plan_json(plan), indent=2) + "\n")  # its plan
         if not where.temporary:
             say(f"logs in {where.path}")
@@ -283,6 +222,26 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
                           after_job=None if link is None else link_verdict(link)).run()
 
 
+def _planned(config: LaunchConfig, stack: contextlib.ExitStack) -> Plan:
+    """The plan, its GPUs reserved (`stack` lets their locks go), and what the launcher says about it first."""
+    for note in config.notes:
+        say(f"note: {note}")
+    plan, locks = _reserve(config)
+    if locks is not None:
+        stack.callback(locks.release)
+    for note in plan.notes:
+        if note.startswith(BINDING_NOTE):  # an MPI binding narrower than the ranks (nodes/binding.py)
+            say(f"note: {note}")
+    plan = _with_nodes(plan, config.nodes)
+    for note in config.nodes.notes:
+        say(f"note: {note}")
+    _say_if_memory_unbound(plan)
+    counted = isolation_note(plan, config.target, config.cwd)
+    if counted:
+        say(f"note: {counted}")
+    return plan
+
+
 def _say_if_memory_unbound(plan: Plan) -> None:
     """--numa-binding's memory half is a preference the kernel may refuse (procs/mempolicy.py): said once."""
     nodes = sorted({n for slot in plan.ranks for n in slot.mem_nodes})
@@ -294,17 +253,6 @@ def _say_if_memory_unbound(plan: Plan) -> None:
     if why is not None:
         say(f"note: the ranks are bound to their CPUs but their memory is not preferred from their NUMA nodes: "
             f"the kernel refuses it ({why}; in a container, CAP_SYS_NICE lets it)")
-
-
-def _run_dir(config: LaunchConfig, spec: LaunchSpec, stack: contextlib.ExitStack) -> RunDir:
-    """DIR/RUN_ID with --log-dir, else a temporary directory removed at the end (mkdtemp makes it 0700 whatever
-    --log-mode says: it holds the error files, exit marks and stack dumps only)."""
-    if spec.log_dir is not None:
-        where = RunDir(run_dir(spec.log_dir, spec.run_id, spec.log_mode), False)
-    else:
-        where = RunDir(temporary_run_dir(), True)
-        stack.callback(shutil.rmtree, where.path, True)
-    return where
 
 
 def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:

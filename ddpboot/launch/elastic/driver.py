@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from ddpboot.launch.elastic.rounds import Round, round_plan
 from ddpboot.launch.logs import Console
 from ddpboot.launch.preflight import listen_queue
 from ddpboot.launch.procs.signals import SignalFd
-from ddpboot.launch.rundir import RunPaths, run_dir
+from ddpboot.launch.rundir import RunPaths, job_dir
 from ddpboot.launch.spec import EndJob, LaunchSpec, RunDir, Watch
 from ddpboot.launch.supervisor import AttemptResult, Supervisor
 from ddpboot.nodes.check import DEFAULT_JOIN_TIMEOUT
@@ -249,12 +248,12 @@ class ElasticDriver:
 
     def _workdir(self, rnd: Round, count: int) -> RunDir:
         """The round's directory under the job's logs, or a temporary one without --log-dir."""
-        log_dir = self.spec.log_dir
-        if log_dir is not None and self.base is None:  # DIR/RUN_ID (made unique), created when the first round starts
-            self.base = run_dir(log_dir, self.run_id, self.spec.log_mode)
+        if self.base is None:  # DIR/RUN_ID (made unique), created when the first round starts
+            where = job_dir(self.spec.log_dir, self.run_id, self.spec.log_mode)
+            if where.temporary:  # no --log-dir: a temporary one per round (its supervisor removes it)
+                return where
+            self.base = where.path
             self.say(f"logs in {self.base}")
-        if self.base is None:
-            return RunDir(Path(tempfile.mkdtemp(prefix="ddpboot-")), True)
         workdir = RunPaths(self.base).round(rnd.label(count)).root
         workdir.mkdir(parents=True, exist_ok=True)
         return RunDir(workdir, False)

@@ -6,6 +6,7 @@ import pytest
 
 from ddpboot.cli.render import plan_head, plan_notes, render_dry_run, render_gpus, render_plan
 from ddpboot.cli.tools import gpu_states
+from ddpboot.launch.preview import DryRun, dry_run_workers
 from ddpboot.launch.spec import Target
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import fake_inventory
@@ -40,7 +41,8 @@ def test_a_dry_run_shows_each_command_and_what_it_changes(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     spec = launch_spec(target=Target("script", "train.py", ("--lr", "0.1")), python="/usr/bin/python3")
-    render_dry_run(plan(nproc="2"), spec, {"RANK": "9"})
+    planned = plan(nproc="2")
+    render_dry_run(DryRun(planned, spec, dry_run_workers(planned, spec, {"RANK": "9"}), ()), {"RANK": "9"})
     out = capsys.readouterr().out
     assert "store: python server on 127.0.0.1:<a free port bound at launch>" in out
     assert "rank 1 (local rank 1): /usr/bin/python3 -u train.py --lr 0.1" in out

@@ -50,8 +50,10 @@ def test_the_launch_spec_follows_the_config(config: LaunchConfig) -> None:
 
 
 def test_a_dry_run_reports_a_port_in_use(config: LaunchConfig) -> None:
-    plan, spec = runner.dry_run(config)  # no port asked: bound at launch
-    assert len(plan.ranks) == 2 and spec.master_port is None
+    dry = runner.dry_run(config)  # no port asked: bound at launch
+    assert len(dry.plan.ranks) == 2 and dry.spec.master_port is None
+    assert [w.rank for w in dry.workers] == [0, 1]
+    assert dry.workers[1].variables["MASTER_PORT"] == "<port bound at launch>"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
