@@ -192,11 +192,12 @@ def _ask(client: socket.socket, request: bytes) -> int:
 
 GUARDIAN_ON_A_GROUP = """
 import sys
+from ddpboot.launch.spec import StoreBackend
 from ddpboot.launch.procs.guardian import start_guardian
 from ddpboot.tcpstore.address import bind_store_socket, listeners_on
 group = bind_store_socket("127.0.0.1", None, listeners=4)
 port = group.getsockname()[1]
-guardian = start_guardian(group, "python", None)
+guardian = start_guardian(group, StoreBackend.PYTHON, None)
 group.close()  # as the launcher does: the guardian serves it now
 print(port, listeners_on("127.0.0.1", port), flush=True)  # the sockets still listening: the guardian's copies
 sys.stdin.read()

@@ -160,7 +160,7 @@ class _Stores:
     def __init__(self, listener: socket.socket, choice: StoreChoice, sel: selectors.BaseSelector) -> None:
         self.python: StoreServer | None = None
         self.torch: _TorchStore | None = None
-        if choice.backend is StoreBackend.PYTHON:
+        if choice.backend == StoreBackend.PYTHON:
             self.python = StoreServer(listener, allowed_hosts=choice.allowed_hosts)
             self.python.register(sel)
         else:
