@@ -35,3 +35,11 @@ def store_port() -> Iterator[int]:
     sock.listen(64)
     threading.Thread(target=serve_forever, args=(sock,), daemon=True).start()
     yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def lockdir(tmp_path: Path) -> Path:
+    """A fresh GPU lock directory, prepared as the launcher prepares its own."""
+    from ddpboot.selection.locks import prepare_lock_dir
+
+    return prepare_lock_dir(tmp_path / "locks")
