@@ -8,6 +8,10 @@ PY := $(VENV)/bin/python
 # that has torch already with `make VENV=/path/to/env`.
 TORCH_SPEC ?= torch==2.13.0
 NPROC ?= 2
+# pytest-xdist workers for `make test`: much of the suite waits (for ranks to start, for deadlines), so two workers
+# keep a 2-core machine busy. Each file runs in one worker, in order (tests/conftest.py keeps the files that
+# share the SLURM cluster or the GPUs in one worker).
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-unit test-gpu lint typecheck check bench bench-slurm clean
 
@@ -40,7 +44,7 @@ test: venv
 	@up=0; mpi=0; sshd=0; if $(WITH_SLURM); then scripts/ci/slurm-up || up=$$?; fi; \
 	if $(WITH_MPI); then scripts/ci/mpi-up || mpi=$$?; fi; \
 	if $(WITH_SSHD); then scripts/ci/sshd-up || sshd=$$?; fi; \
-	rc=0; $(PY) -m pytest -q || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; \
+	rc=0; $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile || rc=$$?; if $(WITH_SLURM); then scripts/ci/slurm-down; fi; \
 	if [ $$up != 0 ]; then echo "make test: scripts/ci/slurm-up failed (exit $$up): the SLURM tests skipped" >&2; \
 	[ $$rc != 0 ] || rc=$$up; fi; \
 	if [ $$mpi != 0 ]; then echo "make test: scripts/ci/mpi-up failed (exit $$mpi): the MPI tests skipped" >&2; \

@@ -10,6 +10,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
+
+from ddpboot.selection.gpu import GPU, Inventory
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -186,6 +190,69 @@ def as_uid(uid: int, work: Callable[[], list[str]]) -> list[str]:
     result: list[str] = json.loads(data)
     return result
 
+
+
+# --- torch's TCPStore requests, written out by hand (not with ddpboot.tcpstore.protocol, which tests check) ------
+
+VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)  # every client's first request: VALIDATE with torch's magic number
+GETNUMKEYS = struct.pack("=B", 7)  # answered with 8 bytes
+
+
+def vec(data: bytes) -> bytes:
+    """A byte string as the protocol sends it: its length (a native uint64), then the bytes."""
+    return struct.pack("=Q", len(data)) + data
+
+
+def set_request(key: bytes, value: bytes) -> bytes:
+    return struct.pack("=B", 1) + vec(key) + vec(value)
+
+
+def talk(port: int, request: bytes, source: str | None = None) -> str:
+    """Connect to the store on loopback `port` (from address `source` when given), send `request`, and say what
+    came back: `closed` (end of stream or reset) or `answered b'...'` with the answer's first bytes."""
+    bind = (source, 0) if source else None
+    with socket.create_connection(("127.0.0.1", port), timeout=20, source_address=bind) as sock:
+        try:
+            sock.sendall(request)
+            answer = sock.recv(64)
+        except (ConnectionResetError, BrokenPipeError):
+            return "closed"
+        return "closed" if not answer else f"answered {answer!r}"
+
+
+# --- machines and launchers' environments, as the unit tests build them ---------------------------------------
+
+
+def mig_machine() -> Inventory:
+    """Two simulated A100s of 80 GiB: GPU 0 split into two MIG instances of 40 GiB, GPU 1 whole."""
+    parent = GPU(0, "GPU-0000aaaa", "00000000:01:00.0", "A100", 80 * GIB, 0)
+    migs = tuple(
+        GPU(0, f"MIG-{j}{j}{j}{j}cccc", parent.pci_bus_id, "A100 MIG 3g", 40 * GIB, 0, mig_index=j) for j in range(2)
+    )
+    plain = GPU(1, "GPU-1111bbbb", "00000000:02:00.0", "A100", 80 * GIB, 0)
+    return Inventory((GPU(**{**parent.__dict__, "mig_devices": migs}), plain), "fake")
+
+
+def srun_env(node: int, nodelist: str) -> dict[str, str]:
+    """What srun gives the launcher on node `node` (0 or 1) of a two-node step with --ntasks-per-node=1."""
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(node),
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_STEP_NODELIST": nodelist,
+    }
+
+
+def gpu_count() -> int:
+    """How many GPUs `nvidia-smi -L` lists; skips the test where there is no nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
 
 
 # --- what a terminal shows -------------------------------------------------------------------------

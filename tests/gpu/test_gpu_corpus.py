@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, clean_env, ddpboot_exe, gone, tagged
+from tests.support import SCRIPTS, clean_env, ddpboot_exe, gone, gpu_count, tagged
 
 pytestmark = pytest.mark.gpu
 CORPUS = SCRIPTS / "corpus"
@@ -40,20 +39,13 @@ LAUNCHERS = {
 UNABLE = "Unable to locate sufficient"
 
 
-def gpu_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    count = len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
-    if count == 0:
-        pytest.skip("nvidia-smi lists no GPU")
-    return count
-
-
 @pytest.fixture(scope="module")
 def nproc() -> int:
     """One rank per GPU, at most two: the corpus's jobs are two-rank jobs, one-rank where one GPU is all there is."""
-    return min(gpu_count(), 2)
+    count = gpu_count()
+    if count == 0:
+        pytest.skip("nvidia-smi lists no GPU")
+    return min(count, 2)
 
 
 @dataclass(frozen=True)

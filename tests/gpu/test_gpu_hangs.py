@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ddpboot.contract import STACKS_END_LINE
-from tests.support import REPO, clean_env, ddpboot_exe, free_port, wait_for
+from tests.support import REPO, clean_env, ddpboot_exe, free_port, gpu_count, wait_for
 
 pytestmark = pytest.mark.gpu
 STALL = "20"
@@ -44,12 +43,6 @@ finally:
 """
 
 
-def _gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.count("GPU ")
-
-
 def _check_stalled(stderr: str, logs: Path, ranks: dict[int, tuple[str, ...]]) -> None:
     """The launcher stopped at the stall timeout, printed one summary line per rank naming one of `ranks[r]`'s
     calls, and left a complete stacks file with every rank's section in its run directory."""
@@ -65,7 +58,7 @@ def _check_stalled(stderr: str, logs: Path, ranks: dict[int, tuple[str, ...]]) -
 
 
 def test_the_destroy_in_finally_hang_ends_at_the_stall_timeout_with_every_stack(tmp_path: Path) -> None:
-    gpus = _gpus()
+    gpus = gpu_count()
     if gpus < 2:
         pytest.skip(f"needs 2 GPUs, this machine has {gpus}")
     job = tmp_path / "hang.py"
@@ -101,7 +94,7 @@ def test_the_same_job_across_two_nodes_on_one_gpu(tmp_path: Path) -> None:
     host waits in the torch.cuda.synchronize() after it (measured). Node 0's `ddpboot stacks` names that wait and
     the collective on its line, and node 0 ends at the stall timeout with the stack in its run directory, instead
     of at NCCL's 10-minute timeout."""
-    if _gpus() < 1:
+    if gpu_count() < 1:
         pytest.skip("needs a GPU")
     # No py-spy needed: every Python rank registers faulthandler before the script's first line (the bootstrap).
     job = tmp_path / "hang.py"
@@ -172,7 +165,7 @@ def test_an_nccl_timeout_s_flight_recorder_dumps_name_the_rank_behind(tmp_path: 
     as behind: its last collective, the broadcast, has the number before rank 0's all_reduce. One launcher, its two
     ranks on GPU 0 as two hosts (a distinct NCCL_HOSTID each, set by the script; NCCL's sockets on lo), so that
     both dumps are in its attempt directory."""
-    if _gpus() < 1:
+    if gpu_count() < 1:
         pytest.skip("needs a GPU")
     job = tmp_path / "behind.py"
     job.write_text(BEHIND)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -16,17 +15,10 @@ from pathlib import Path
 import pytest
 
 from ddpboot.selection.affinity import format_cpu_list, parse_cpu_list
-from tests.support import REPO, clean_env, run_ddpboot
+from tests.support import REPO, clean_env, gpu_count, run_ddpboot
 
 pytestmark = pytest.mark.gpu
 PROBE = REPO / "tests" / "gpu" / "probe_rank.py"
-
-
-def gpu_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
 
 
 def need(n: int) -> None:

@@ -11,11 +11,11 @@ their `ddp_ctx` fixture is missing.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support import gpu_count
 
 pytestmark = pytest.mark.gpu
 pytest_plugins = ["pytester"]
@@ -88,13 +88,6 @@ def _timeout(seconds: int) -> list[str]:
     return ["--timeout", str(seconds)]
 
 
-def _gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("no nvidia-smi on this machine: GPU tests need NVIDIA GPUs and their driver")
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
-
-
 def _keep(name: str, text: str) -> None:
     out = os.environ.get("OUT")
     if out:
@@ -103,7 +96,7 @@ def _keep(name: str, text: str) -> None:
 
 
 def test_gpu_tests_on_one_and_two_gpus(pytester: pytest.Pytester) -> None:
-    gpus = _gpus()
+    gpus = gpu_count()
     if gpus < 1:
         pytest.skip("needs a GPU")
     pytester.makepyfile(test_gpu_suite=SUITE)
@@ -119,7 +112,7 @@ def test_gpu_tests_on_one_and_two_gpus(pytester: pytest.Pytester) -> None:
 
 def test_xdist_workers_never_share_a_gpu(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytest.importorskip("xdist")
-    if _gpus() < 2:
+    if gpu_count() < 2:
         pytest.skip("needs 2 GPUs")
     pytester.makepyfile(test_xdist_gpus=XDIST_SUITE)
     flags = tmp_path / "flags"

@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -90,15 +92,23 @@ def recorded_pids(results: dict[int, dict[str, Any]]) -> set[int]:
 
 
 def run_job(launcher: str, script: str, args: list[str], base: Path, log_dir: bool) -> Job:
-    out, tmp, logs = base / launcher / "out", base / launcher / "tmp", base / launcher / "logs"
+    out, logs = base / launcher / "out", base / launcher / "logs"
     out.mkdir(parents=True)
-    tmp.mkdir()
+    # The ranks' TMPDIR, short whatever pytest's own temporary directories are (an xdist worker's are longer, and
+    # so are another user's): multiprocessing's sockets below it must fit a unix socket's path (ddpboot says so).
+    tmp = Path(tempfile.mkdtemp(prefix="ddpboot-corpus-", dir="/tmp"))
+    try:
+        return _run_job(launcher, command(launcher, script, args, logs, log_dir), out, tmp, logs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_job(launcher: str, cmd: list[str], out: Path, tmp: Path, logs: Path) -> Job:
     tag = uuid.uuid4().hex
     env = clean_env(CORPUS_OUT=str(out), CORPUS_JOB=tag, TMPDIR=str(tmp))
     start = time.monotonic()
     try:
-        proc = subprocess.run(command(launcher, script, args, logs, log_dir), env=env, capture_output=True,
-                              text=True, timeout=TIMEOUT, start_new_session=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT, start_new_session=True)
         seconds = time.monotonic() - start
         results = {}
         for path in out.glob("*.json"):

@@ -13,6 +13,7 @@ what a reader gets. The lines after it, up to the next `$`, are what it must pri
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -64,7 +65,9 @@ def fold(text: str) -> str:
     return " ".join(text.split())
 
 
+@functools.cache
 def run(command: str) -> subprocess.CompletedProcess[str]:
+    """The command's outcome (a command shown in two places runs once; each place checks what it shows)."""
     env = clean_env(DDPBOOT_FAKE_GPUS="8", COLUMNS="80")
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,

@@ -21,11 +21,14 @@ print("CMDLINE", os.environ["RANK"], open("/proc/self/cmdline", "rb").read().hex
 
 IGNORE_TERM = """\
 import os, signal, sys, time
+from pathlib import Path
 if os.environ["RANK"] == "0":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("ignoring SIGTERM", flush=True)
+    Path("ignoring").touch()
     time.sleep(120)
-time.sleep(1)
+while not Path("ignoring").exists():  # rank 0 must ignore SIGTERM before this rank's exit makes the launcher stop it
+    time.sleep(0.01)
 sys.exit(4)
 """
 

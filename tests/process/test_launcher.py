@@ -31,6 +31,7 @@ from tests.support import (
     base_keys,
     descendants,
     finish,
+    free_port,
     gone,
     launch_env,
     reports,
@@ -54,7 +55,8 @@ def torchrun_envs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[st
     out = tmp_path_factory.mktemp("torchrun")
     env = launch_env(out)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", ENVDUMP, "a", "${local_rank}"],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         ENVDUMP, "a", "${local_rank}"],  # not torchrun's default port 29500, which another job may hold
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )
     assert proc.returncode == 0, proc.stderr

@@ -22,7 +22,7 @@ from ddpboot.launch.supervisor.report import report_unkillable
 from ddpboot.launch.supervisor.workers import Worker
 from ddpboot.selection.planner import RankSlot
 from ddpboot.tcpstore.server import StoreServer
-from tests.support import wait_for
+from tests.support import GETNUMKEYS, VALIDATE, set_request, vec, wait_for
 
 # --- the store ---------------------------------------------------------------------------------------
 
@@ -51,10 +51,6 @@ def store() -> Iterator[tuple[int, StoreServer]]:
     server.close()
 
 
-def blob(b: bytes) -> bytes:
-    return struct.pack("=Q", len(b)) + b
-
-
 def recv_exact(s: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -67,31 +63,31 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
 def test_requests_split_at_any_byte_are_answered(store: tuple[int, StoreServer]) -> None:
     port, _ = store
     request = (
-        struct.pack("=BI", 0, 0x3C85F7CE)  # VALIDATE
+        VALIDATE
         + struct.pack("=BI", 13, 77)  # PING 77
-        + b"\x01" + blob(b"/k") + blob(b"value")  # SET
-        + b"\x04" + blob(b"/n") + struct.pack("=q", 5)  # ADD 5
-        + b"\x03" + blob(b"/k")  # GET
+        + b"\x01" + vec(b"/k") + vec(b"value")  # SET
+        + b"\x04" + vec(b"/n") + struct.pack("=q", 5)  # ADD 5
+        + b"\x03" + vec(b"/k")  # GET
     )
     with socket.create_connection(("127.0.0.1", port)) as s:
         for i in range(len(request)):  # one byte at a time: every partial request must wait for the rest
             s.sendall(request[i : i + 1])
         assert recv_exact(s, 4) == struct.pack("=I", 77)
         assert recv_exact(s, 8) == struct.pack("=q", 5)
-        assert recv_exact(s, 8 + 5) == blob(b"value")
+        assert recv_exact(s, 8 + 5) == vec(b"value")
 
 
 def test_wait_is_answered_when_another_client_sets_the_key(store: tuple[int, StoreServer]) -> None:
     port, _ = store
     with socket.create_connection(("127.0.0.1", port)) as a, socket.create_connection(("127.0.0.1", port)) as b:
-        a.sendall(b"\x06" + struct.pack("=Q", 2) + blob(b"/x") + blob(b"/y"))  # WAIT x, y
-        b.sendall(b"\x01" + blob(b"/x") + blob(b"1"))
-        b.sendall(b"\x05" + struct.pack("=Q", 1) + blob(b"/x"))  # CHECK x: answered after the SET
+        a.sendall(b"\x06" + struct.pack("=Q", 2) + vec(b"/x") + vec(b"/y"))  # WAIT x, y
+        b.sendall(b"\x01" + vec(b"/x") + vec(b"1"))
+        b.sendall(b"\x05" + struct.pack("=Q", 1) + vec(b"/x"))  # CHECK x: answered after the SET
         assert recv_exact(b, 1) == b"\x00"
         a.settimeout(0.2)
         with pytest.raises(TimeoutError):
             a.recv(1)  # still waiting for y
-        b.sendall(b"\x01" + blob(b"/y") + blob(b"2"))
+        b.sendall(b"\x01" + vec(b"/y") + vec(b"2"))
         a.settimeout(10)
         assert recv_exact(a, 1) == b"\x00"  # STOP_WAITING
 
@@ -101,7 +97,7 @@ def test_cancel_wait_and_unknown_requests(store: tuple[int, StoreServer]) -> Non
     warnings: list[str] = []
     server.warn = warnings.append
     with socket.create_connection(("127.0.0.1", port)) as a:
-        a.sendall(b"\x06" + struct.pack("=Q", 1) + blob(b"/never") + b"\x0c")  # WAIT, then CANCEL_WAIT
+        a.sendall(b"\x06" + struct.pack("=Q", 1) + vec(b"/never") + b"\x0c")  # WAIT, then CANCEL_WAIT
         assert recv_exact(a, 1) == b"\x01"  # WAIT_CANCELED
         a.sendall(b"\x07")  # the connection is still in step: GETNUMKEYS
         assert recv_exact(a, 8) == struct.pack("=q", 0)
@@ -114,7 +110,7 @@ def test_cancel_wait_and_unknown_requests(store: tuple[int, StoreServer]) -> Non
 def test_reset_forgets_everything(store: tuple[int, StoreServer]) -> None:
     port, server = store
     with socket.create_connection(("127.0.0.1", port)) as a:
-        a.sendall(b"\x01" + blob(b"/k") + blob(b"v") + b"\x07")
+        a.sendall(b"\x01" + vec(b"/k") + vec(b"v") + b"\x07")
         assert recv_exact(a, 8) == struct.pack("=q", 1)
     server.reset()
     assert server.data == {} and server.clients == {}
@@ -175,10 +171,6 @@ def test_torch_clients_get_what_torchs_own_server_gives(tmp_path: Path) -> None:
         listener.close()
 
 
-def _vec(data: bytes) -> bytes:
-    return struct.pack("=Q", len(data)) + data
-
-
 def _ask(client: socket.socket, request: bytes) -> int:
     """Send `request`, return the 8-byte integer answer."""
     client.sendall(request)
@@ -218,12 +210,12 @@ def test_the_guardian_serves_every_socket_of_a_listener_group() -> None:
         assert listeners == 4
         for n in range(64):  # all four queues get some: (3/4)^64 that one gets none
             client = socket.create_connection(("127.0.0.1", port), timeout=30)
-            client.sendall(struct.pack("=BI", 0, 0x3C85F7CE) + struct.pack("=B", 1) + _vec(b"k%d" % n) + _vec(b"v"))
+            client.sendall(VALIDATE + set_request(b"k%d" % n, b"v"))
             clients.append(client)
         for client in clients:  # GETNUMKEYS, answered after the SET before it on the same connection
-            assert _ask(client, struct.pack("=B", 7)) >= 1
+            assert _ask(client, GETNUMKEYS) >= 1
         with socket.create_connection(("127.0.0.1", port), timeout=30) as last:
-            assert _ask(last, struct.pack("=BI", 0, 0x3C85F7CE) + struct.pack("=B", 7)) == 64
+            assert _ask(last, VALIDATE + GETNUMKEYS) == 64
     finally:
         for client in clients:
             client.close()

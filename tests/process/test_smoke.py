@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import psutil
 import pytest
 import xmlschema
 
-from tests.support import REPO, clean_env, run_ddpboot
+from tests.support import REPO, clean_env, run_ddpboot, tagged
 
 SCHEMA = xmlschema.XMLSchema(REPO / "tests" / "data" / "junit.xsd")
 
@@ -21,6 +22,13 @@ def smoke(*args: str, fault: str | None = None, **env: str) -> tuple[int, Any, s
         e["DDPBOOT_SMOKE_FAULT"] = fault
     out = run_ddpboot("smoke", "--json", *args, env=e, timeout=180)
     return out.returncode, json.loads(out.stdout) if out.stdout.strip().startswith("{") else None, out.stderr
+
+
+def cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.NoSuchProcess:  # gone since it was listed
+        return []
 
 
 def verdicts(report: Any, check: str) -> list[dict[str, Any]]:
@@ -51,16 +59,18 @@ def test_corrupted_input_fails_all_reduce_and_names_the_rank() -> None:
 
 def test_a_hanging_rank_fails_its_check_within_the_timeout(tmp_path: Path) -> None:
     junit = tmp_path / "smoke.xml"
+    tag = uuid.uuid4().hex  # this run's processes (other smoke runs on the machine are not this test's)
     code, report, err = smoke(
         "--nproc",
         "2",
         "--timeout",
-        "20",
+        "12",  # the run's deadline (the ranks' collectives time out after 12 - 5 s): all_reduce passes within it
         "--checks",
         "all_reduce,broadcast",
         "--junit-xml",
         str(junit),
         fault="hang:1:broadcast",
+        SMOKE_TEST_RUN=tag,
     )
     assert code == 1, err
     (mine,) = [v for v in verdicts(report, "broadcast") if v["rank"] == 1]
@@ -68,9 +78,7 @@ def test_a_hanging_rank_fails_its_check_within_the_timeout(tmp_path: Path) -> No
     assert all(v["status"] == "pass" for v in verdicts(report, "all_reduce"))
     SCHEMA.validate(str(junit))
     assert "<failure" in junit.read_text()
-    left = [
-        p.pid for p in psutil.process_iter(["cmdline"]) if "ddpboot.smoke.rank" in " ".join(p.info["cmdline"] or [])
-    ]
+    left = [p.pid for p in tagged(tag, "SMOKE_TEST_RUN") if "ddpboot.smoke.rank" in " ".join(cmdline(p))]
     assert not left, f"ranks still running after the smoke run ended: {left}"
 
 

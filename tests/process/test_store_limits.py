@@ -16,11 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, ddpboot_exe, finish, launch_env, reports, wait_for
+from tests.support import GETNUMKEYS, SCRIPTS, VALIDATE, ddpboot_exe, finish, launch_env, reports, wait_for
 
 JOB = str(SCRIPTS / "store_owner_job.py")
-VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
-GETNUMKEYS = struct.pack("=B", 7)
 IDLE = 1100
 
 

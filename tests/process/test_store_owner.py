@@ -16,7 +16,6 @@ import platform
 import resource
 import shutil
 import socket
-import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,14 +26,18 @@ import pytest
 
 from ddpboot.tcpstore.client import StoreClient
 from tests.support import (
+    GETNUMKEYS,
     SCRIPTS,
+    VALIDATE,
     as_uid,
     ddpboot_exe,
     finish,
     free_port,
     launch_env,
     reports,
+    set_request,
     start_launcher,
+    talk,
     wait_for,
 )
 
@@ -45,43 +48,20 @@ INTRUDER_KEYS = ("intruder", "hit-and-run")
 FLOOD_CONNECTIONS = 4300  # more than the job's whole open-file table at 4096, and than the listen queue holds
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the test drops a child to uid 65534 (CI runs "
                                "as root)")
-
-
-def _vec(data: bytes) -> bytes:
-    return struct.pack("=Q", len(data)) + data
-
-
-# torch's TCPStore protocol: VALIDATE with its magic number, SET key value, GETNUMKEYS (answered with 8 bytes).
-_VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
-_SET_INTRUDER = struct.pack("=B", 1) + _vec(b"intruder") + _vec(b"x")
-_SET_HIT_AND_RUN = struct.pack("=B", 1) + _vec(b"hit-and-run") + _vec(b"x")
-_GETNUMKEYS = struct.pack("=B", 7)
-
-
-def _talk(port: int, source: str | None = None) -> str:
-    """Connect (from address `source` when given), send requests, and say what came back: `closed` (end of stream
-    or reset) or the answer's bytes."""
-    bind = (source, 0) if source else None
-    with socket.create_connection(("127.0.0.1", port), timeout=20, source_address=bind) as sock:
-        try:
-            sock.sendall(_VALIDATE + _SET_INTRUDER + _GETNUMKEYS)
-            answer = sock.recv(64)
-        except (ConnectionResetError, BrokenPipeError):
-            return "closed"
-        return "closed" if not answer else f"answered {answer!r}"
+INTRUDER = VALIDATE + set_request(b"intruder", b"x") + GETNUMKEYS  # a SET, then GETNUMKEYS (answered with 8 bytes)
 
 
 def _hit_and_run(port: int) -> str:
     """A SET sent and the socket closed at once, maybe before the store accepts it (the kernel then reports the
     closed socket as uid 0's)."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(_VALIDATE + _SET_HIT_AND_RUN)
+        sock.sendall(VALIDATE + set_request(b"hit-and-run", b"x"))
     return "sent"
 
 
 def _as_uid(uid: int, port: int) -> list[str]:
     """Three refused clients and one hit-and-run from a forked child that dropped to `uid`; their outcomes."""
-    return as_uid(uid, lambda: [_talk(port) for _ in range(3)] + [_hit_and_run(port)])
+    return as_uid(uid, lambda: [talk(port, INTRUDER) for _ in range(3)] + [_hit_and_run(port)])
 
 
 def _start_job(tmp_path: Path, keys: str) -> tuple[Any, Path, dict[int, dict[str, Any]]]:
@@ -149,8 +129,8 @@ def test_an_address_outside_the_allow_list_is_closed_before_any_answer(tmp_path:
                              JOB], env) for rank in (0, 1)]
     try:
         wait_for(lambda: len(reports(out)) == 2 or None, 180, "both ranks to report")
-        outcomes = [_talk(port, "127.0.0.2") for _ in range(2)]
-        served = _talk(port)
+        outcomes = [talk(port, INTRUDER, "127.0.0.2") for _ in range(2)]
+        served = talk(port, INTRUDER)
     finally:
         go.touch()
         (rc0, _, err0), (rc1, _, err1) = (finish(p) for p in procs)

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from ddpboot.cluster import derive_port
+from tests.support import REPO, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "scripts" / "worker_probe.py"
 TIMEOUT = 120
 
@@ -64,12 +64,6 @@ def base_env(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:

@@ -6,12 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 START_HINT = "start the test cluster with `sudo scripts/ci/slurm-up`"
 # The test cluster's own config (scripts/ci/slurm-up writes it; same directory variable and default). Every SLURM
@@ -48,22 +43,3 @@ def task_envs(tmp_path: Path, *srun_args: str) -> list[dict[str, str]]:
     assert out.returncode == 0, out.stderr
     envs = [json.loads(path.read_text()) for path in tmp_path.glob("env.*")]
     return sorted(envs, key=lambda e: int(e["SLURM_PROCID"]))
-
-
-def wait_for(what: str, done: Callable[[], Any], deadline_s: float = 30) -> Any:
-    """Poll `done()` until it returns something true; fail after `deadline_s`."""
-    deadline = time.monotonic() + deadline_s
-    while not (result := done()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {deadline_s} s waiting for {what}")
-        time.sleep(0.1)
-    return result
-
-
-def alive(pid: int) -> bool:
-    """A process that has not exited (a zombie not yet reaped by its parent counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import CLUSTER_CONF, alive, slurm, slurm_env, task_envs, wait_for
+from tests.slurm.helpers import CLUSTER_CONF, slurm, slurm_env, task_envs
+from tests.support import gone, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -108,14 +109,14 @@ def test_scancel_ends_the_jobs_processes(tmp_path: Path, jobs: list[str]) -> Non
         except (FileNotFoundError, ValueError):  # not yet written
             return None
 
-    pids: list[int] = wait_for("the job's tasks to start", written_pids)
-    assert all(alive(pid) for pid in pids)
+    pids: list[int] = wait_for(written_pids, 30, "the job's tasks to start", interval=0.1)
+    assert not any(gone(pid) for pid in pids)
 
     assert slurm("scancel", job_id).returncode == 0
-    wait_for("the job's processes to end", lambda: not any(alive(pid) for pid in pids))
+    wait_for(lambda: all(gone(pid) for pid in pids), 30, "the job's processes to end", interval=0.1)
 
     def job_ended() -> bool:
         state = slurm("squeue", "-h", "-j", job_id, "-o", "%T")
         return state.stdout.strip() not in ("PENDING", "RUNNING", "COMPLETING")
 
-    wait_for("squeue to drop the job", job_ended)
+    wait_for(job_ended, 30, "squeue to drop the job", interval=0.1)

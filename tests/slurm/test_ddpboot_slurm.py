@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import alive, slurm, wait_for
-from tests.support import REPO
+from tests.slurm.helpers import slurm
+from tests.support import REPO, gone, wait_for
 
 pytestmark = pytest.mark.slurm
 BIN = Path(sys.executable).parent
@@ -105,9 +105,9 @@ def test_scancel_stops_every_worker(tmp_path: Path, jobs: list[str]) -> None:
         except (FileNotFoundError, ValueError):
             return None
 
-    workers: list[int] = wait_for("4 workers to start", pids, deadline_s=90)
+    workers: list[int] = wait_for(pids, 90, "4 workers to start", interval=0.1)
     assert slurm("scancel", job_id).returncode == 0
-    wait_for("every worker to end", lambda: not any(alive(p) for p in workers), deadline_s=30)
+    wait_for(lambda: all(gone(p) for p in workers), 30, "every worker to end", interval=0.1)
 
 
 def test_usr1_from_scancel_reaches_each_worker_once(tmp_path: Path, jobs: list[str]) -> None:
@@ -126,16 +126,16 @@ def test_usr1_from_scancel_reaches_each_worker_once(tmp_path: Path, jobs: list[s
         "(d / f'usr1.{rank}').write_text(str(len(hits)))\n"
     )
     job_id = submit(tmp_path, f'srun --ntasks-per-node=1 --ntasks="$SLURM_NNODES" ddpboot --nproc 2 {worker}', jobs)
-    wait_for("4 workers ready", lambda: all((tmp_path / f"ready.{r}").exists() for r in range(4)), deadline_s=90)
+    wait_for(lambda: all((tmp_path / f"ready.{r}").exists() for r in range(4)), 90, "4 workers ready", interval=0.1)
     assert slurm("scancel", "-s", "USR1", job_id).returncode == 0
 
     def launchers_saw_it() -> bool:
         text = (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
         return text.count("received SIGUSR1 from") >= 2
 
-    wait_for("both launchers to log the USR1", launchers_saw_it)
+    wait_for(launchers_saw_it, 30, "both launchers to log the USR1", interval=0.1)
     (tmp_path / "release").touch()
-    wait_for("every worker's count", lambda: all((tmp_path / f"usr1.{r}").exists() for r in range(4)))
+    wait_for(lambda: all((tmp_path / f"usr1.{r}").exists() for r in range(4)), 30, "every worker's count", interval=0.1)
     counts = {r: (tmp_path / f"usr1.{r}").read_text() for r in range(4)}
     log = (tmp_path / "out.txt").read_text()
     assert counts == {0: "1", 1: "1", 2: "1", 3: "1"}, log

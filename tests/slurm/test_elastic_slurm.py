@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import slurm, slurm_env, wait_for
-from tests.support import free_port
+from tests.slurm.helpers import slurm, slurm_env
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.slurm
 BIN = Path(sys.executable).parent
@@ -101,8 +101,8 @@ def test_a_lost_node_is_replaced_by_a_new_srun_step(tmp_path: Path) -> None:
                          if p.suffix in (".txt", ".log"))
 
     try:
-        wait_for("n1 and n2 in a world of 2", lambda: {p.name for p in tmp_path.glob("running-r0-w2-*")} == {
-            "running-r0-w2-n1", "running-r0-w2-n2"}, deadline_s=120)
+        wait_for(lambda: {p.name for p in tmp_path.glob("running-r0-w2-*")} == {"running-r0-w2-n1", "running-r0-w2-n2"},
+                 120, "n1 and n2 in a world of 2", interval=0.1)
         os.kill(int((tmp_path / "n2.pid").read_text()), signal.SIGKILL)
         (tmp_path / "replace").touch()
         _, err = sbatch.communicate(timeout=170)

@@ -9,37 +9,17 @@ this test meaningful on one machine."""
 from __future__ import annotations
 
 import json
-import socket
-import struct
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.slurm.helpers import slurm, wait_for
-from tests.support import SCRIPTS
+from tests.slurm.helpers import slurm
+from tests.support import GETNUMKEYS, SCRIPTS, VALIDATE, set_request, talk, wait_for
 
 pytestmark = pytest.mark.slurm
 BIN = Path(sys.executable).parent
 JOB = SCRIPTS / "store_owner_job.py"
-
-
-def _vec(data: bytes) -> bytes:
-    return struct.pack("=Q", len(data)) + data
-
-
-# torch's TCPStore protocol: VALIDATE with its magic number, SET intruder x, GETNUMKEYS (answered with 8 bytes).
-_REQUESTS = struct.pack("=BI", 0, 0x3C85F7CE) + struct.pack("=B", 1) + _vec(b"intruder") + _vec(b"x") + b"\x07"
-
-
-def _talk(port: int, source: str) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(source, 0)) as sock:
-        try:
-            sock.sendall(_REQUESTS)
-            answer = sock.recv(64)
-        except (ConnectionResetError, BrokenPipeError):
-            return "closed"
-        return "closed" if not answer else "answered"
 
 
 def test_a_host_outside_the_job_is_refused(tmp_path: Path, jobs: list[str]) -> None:
@@ -59,14 +39,15 @@ def test_a_host_outside_the_job_is_refused(tmp_path: Path, jobs: list[str]) -> N
     job_id = submitted.stdout.strip().split(";")[0]
     jobs.append(job_id)
     try:
-        wait_for("both ranks to report", lambda: len(list(out.glob("rank*.json"))) == 2, 180)
+        wait_for(lambda: len(list(out.glob("rank*.json"))) == 2, 180, "both ranks to report", interval=0.1)
         port = json.loads((out / "rank0.json").read_text())["master_port"]
-        outside = _talk(port, "127.0.0.2")
-        inside = _talk(port, "127.0.0.1")
+        request = VALIDATE + set_request(b"intruder", b"x") + GETNUMKEYS
+        outside = talk(port, request, "127.0.0.2")
+        inside = talk(port, request, "127.0.0.1")
     finally:
         go.touch()
-    wait_for("the job to end", lambda: not slurm("squeue", "-h", "-j", job_id).stdout.strip(), 120)
+    wait_for(lambda: not slurm("squeue", "-h", "-j", job_id).stdout.strip(), 120, "the job to end", interval=0.1)
     text = (tmp_path / "out.txt").read_text()
-    assert (outside, inside) == ("closed", "answered"), text[-3000:]
+    assert outside == "closed" and inside.startswith("answered"), (outside, inside, text[-3000:])
     assert "refused a connection from 127.0.0.2: only the job's hosts (the SLURM job's nodes n1, n2)" in text, text
     assert json.loads((out / "keys.json").read_text()) == {"intruder": True}, text[-3000:]

@@ -17,17 +17,9 @@ from ddpboot.nodes.launcher import (
     store_address,
 )
 from ddpboot.nodes.static import resolve_nodes
+from tests.support import srun_env
 
-SRUN = {  # the launcher on the second of two nodes, started by srun with --ntasks-per-node=1
-    "SLURM_JOB_ID": "4242",
-    "SLURM_STEP_ID": "0",
-    "SLURM_PROCID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    "SLURM_STEP_NODELIST": "localhost",
-}
+SRUN = srun_env(1, "localhost")  # the launcher on the second of two nodes, started by srun with --ntasks-per-node=1
 
 
 def test_no_option_is_one_node() -> None:

@@ -18,17 +18,9 @@ from ddpboot.nodes.static import (
     parse_node_range,
     resolve_nodes,
 )
+from tests.support import srun_env
 
-SRUN = {  # what srun gives a launcher on the second of two nodes with --ntasks-per-node=1
-    "SLURM_JOB_ID": "4242",
-    "SLURM_STEP_ID": "0",
-    "SLURM_PROCID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    "SLURM_STEP_NODELIST": "gpu[07-08]",
-}
+SRUN = srun_env(1, "gpu[07-08]")  # what srun gives a launcher on the second of two nodes with --ntasks-per-node=1
 
 
 def test_single_node_by_default() -> None:

@@ -9,17 +9,9 @@ from ddpboot.errors import UsageError
 from ddpboot.nodes.launcher import NodeOptions, launcher_nodes
 from ddpboot.nodes.static import resolve_nodes
 from ddpboot.nodes.store_allow import parse_store_allow, slurm_job_hosts, store_allow_list
+from tests.support import srun_env
 
-NODE0 = {  # the launcher on the first of two nodes, started by srun with --ntasks-per-node=1
-    "SLURM_JOB_ID": "4242",
-    "SLURM_STEP_ID": "0",
-    "SLURM_PROCID": "0",
-    "SLURM_NODEID": "0",
-    "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    "SLURM_STEP_NODELIST": "localhost,127.0.0.5",
-}
+NODE0 = srun_env(0, "localhost,127.0.0.5")  # the launcher on the first of two nodes
 
 
 def test_under_slurm_node_0_serves_the_steps_nodes_only() -> None:

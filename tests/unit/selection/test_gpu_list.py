@@ -18,15 +18,9 @@ from ddpboot.selection.gpu_list import (
     resolve_list,
 )
 from ddpboot.selection.inventory import fake_inventory
+from tests.support import mig_machine
 
 INV8 = fake_inventory("8")
-
-
-def mig_machine() -> Inventory:
-    parent = GPU(0, "GPU-0000aaaa", "00000000:01:00.0", "A100", 80, 0)
-    migs = tuple(GPU(0, f"MIG-{j}{j}{j}{j}cccc", parent.pci_bus_id, "A100 MIG", 40, 0, mig_index=j) for j in range(2))
-    plain = GPU(1, "GPU-1111bbbb", "00000000:02:00.0", "A100", 80, 0)
-    return Inventory((GPU(**{**parent.__dict__, "mig_devices": migs}), plain), "fake")
 
 
 def labels(text: str, inv: Inventory = INV8) -> list[str]:

@@ -20,17 +20,10 @@ from ddpboot.selection.locks import (
     current_holders,
     lock_dir,
     me,
-    prepare_lock_dir,
 )
 
 INV = fake_inventory("4")
 U = [g.uuid for g in INV.gpus]
-
-
-@pytest.fixture
-def lockdir(tmp_path: Path) -> Path:
-    d = tmp_path / "locks"
-    return prepare_lock_dir(d)
 
 
 def test_lock_release_and_holder(lockdir: Path) -> None:

@@ -16,8 +16,8 @@ from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import GpusBusy, Plan, busy_reasons, make_plan
 from ddpboot.selection.request import parse_request
+from tests.support import GIB, mig_machine
 
-GIB = 1024**3
 NONE = Inventory((), "none", ("no NVIDIA driver found",))
 
 
@@ -183,15 +183,6 @@ def test_slurm_renumbered_cvd() -> None:
 
 
 # --- MIG -------------------------------------------------------------------------------------------
-
-
-def mig_machine() -> Inventory:
-    parent = GPU(0, "GPU-0000aaaa", "00000000:01:00.0", "A100", 80 * GIB, 0)
-    migs = tuple(
-        GPU(0, f"MIG-{j}{j}{j}{j}cccc", parent.pci_bus_id, "A100 MIG 3g", 40 * GIB, 0, mig_index=j) for j in range(2)
-    )
-    plain = GPU(1, "GPU-1111bbbb", "00000000:02:00.0", "A100", 80 * GIB, 0)
-    return Inventory((GPU(**{**parent.__dict__, "mig_devices": migs}), plain), "fake")
 
 
 def test_mig_instances_are_units() -> None:

@@ -10,18 +10,13 @@ import pytest
 from ddpboot.errors import PlanError, UsageError
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import fake_inventory
-from ddpboot.selection.locks import GpuLocks, Holder, acquire, prepare_lock_dir
+from ddpboot.selection.locks import GpuLocks, Holder, acquire
 from ddpboot.selection.planner import GpusBusy, Plan, make_plan
 from ddpboot.selection.request import Request, parse_request
 from ddpboot.selection.reserve import PlanWith, parse_wait, reserve
 
 INV = fake_inventory("4")
 U = [g.uuid for g in INV.gpus]
-
-
-@pytest.fixture
-def lockdir(tmp_path: Path) -> Path:
-    return prepare_lock_dir(tmp_path / "locks")
 
 
 def plan_with(req: Request) -> PlanWith:

@@ -18,15 +18,9 @@ import pytest
 from ddpboot.tcpstore.allow import parse_allow_list
 from ddpboot.tcpstore.peer import SocketTables
 from ddpboot.tcpstore.server import StoreServer
+from tests.support import GETNUMKEYS, VALIDATE, set_request, vec
 
-
-def _vec(data: bytes) -> bytes:
-    return struct.pack("=Q", len(data)) + data
-
-
-VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
-SET_KEY = struct.pack("=B", 1) + _vec(b"key") + _vec(b"value")
-GETNUMKEYS = struct.pack("=B", 7)
+SET_KEY = set_request(b"key", b"value")
 OTHER_UID = frozenset({os.getuid() + 1})
 
 
@@ -216,12 +210,12 @@ def test_answers_larger_than_the_socket_buffer_arrive_whole_once_the_client_read
     value = bytes(range(256)) * 4096  # 1 MiB
     gets = 8
     with socket.create_connection(store.address) as client:
-        client.sendall(VALIDATE + struct.pack("=B", 1) + _vec(b"big") + _vec(value)
-                       + (struct.pack("=B", 3) + _vec(b"big")) * gets)
+        client.sendall(VALIDATE + set_request(b"big", value)
+                       + (struct.pack("=B", 3) + vec(b"big")) * gets)
         # the rest waits for room in the socket, and the requests after it for those answers to leave
         store.pump(lambda: any(c.events & select.EPOLLOUT for c in store.server.clients.values()))
         (conn,) = store.server.clients.values()
-        expected = _vec(value) * gets
+        expected = vec(value) * gets
         got = bytearray()
         client.setblocking(False)
 
@@ -249,7 +243,7 @@ def test_a_listener_group_is_served_on_every_socket() -> None:
     clients = [socket.create_connection(group.getsockname()) for _ in range(48)]
     try:
         for n, client in enumerate(clients):
-            client.sendall(VALIDATE + struct.pack("=B", 1) + _vec(b"key%d" % n) + _vec(b"v") + GETNUMKEYS)
+            client.sendall(VALIDATE + set_request(b"key%d" % n, b"v") + GETNUMKEYS)
         deadline = time.monotonic() + 10
         while len(server.data) < len(clients):
             assert time.monotonic() < deadline, f"{len(server.data)} of {len(clients)} keys set"
@@ -304,7 +298,7 @@ def test_unfinished_requests_together_stay_within_their_bound(
     finishes its request and is answered."""
     monkeypatch.setattr("ddpboot.tcpstore.server.MAX_BUFFERED", 1 << 20)
     store = served()
-    head = VALIDATE + struct.pack("=B", 1) + _vec(b"big") + struct.pack("=Q", 700 << 10)
+    head = VALIDATE + struct.pack("=B", 1) + vec(b"big") + struct.pack("=Q", 700 << 10)
     with socket.create_connection(store.address) as first, socket.create_connection(store.address) as second:
         first.sendall(head + b"a" * (600 << 10))
         store.pump(lambda: store.server.buffered >= 600 << 10)
@@ -325,13 +319,13 @@ def test_a_client_that_does_not_read_its_answers_is_not_read_either(served: Call
     value = b"v" * (256 << 10)
     gets = 64
     with socket.create_connection(store.address) as client:
-        client.sendall(VALIDATE + struct.pack("=B", 1) + _vec(b"k") + _vec(value)
-                       + (struct.pack("=B", 3) + _vec(b"k")) * gets)
+        client.sendall(VALIDATE + set_request(b"k", value)
+                       + (struct.pack("=B", 3) + vec(b"k")) * gets)
         store.pump(lambda: any(c.held_back for c in store.server.clients.values()))
         (conn,) = store.server.clients.values()
         assert len(conn.outbuf) <= OUT_LIMIT + len(value) + 8
         assert not conn.events & select.EPOLLIN
-        assert _answered(client, store, gets * (len(value) + 8)) == _vec(value) * gets
+        assert _answered(client, store, gets * (len(value) + 8)) == vec(value) * gets
     assert not conn.held_back
 
 
@@ -344,7 +338,7 @@ def test_a_wait_of_many_keys_arriving_over_many_reads_is_parsed_once(served: Cal
 
     store = served()
     keys = [b"%0119d/" % n for n in range(MAX_KEYS)]
-    request = VALIDATE + struct.pack("=B", 6) + struct.pack("=Q", len(keys)) + b"".join(_vec(k) for k in keys)
+    request = VALIDATE + struct.pack("=B", 6) + struct.pack("=Q", len(keys)) + b"".join(vec(k) for k in keys)
     assert len(request) > 16_000_000
     with socket.create_connection(store.address) as waiter, socket.create_connection(store.address) as other:
         other.sendall(VALIDATE)

@@ -1,4 +1,5 @@
-"""The worker's exit path decides between destroying and aborting the process group from how the script leaves."""
+"""The worker's exit path decides between destroying and aborting the process group from how the script leaves.
+What it decides at a real interpreter exit (which imports torch) is tested in tests/process/test_worker_exiting.py."""
 
 from __future__ import annotations
 
@@ -35,34 +36,6 @@ def test_the_recorder_notes_sys_exit_and_the_builtin_exit_codes_and_still_exits(
     with pytest.raises(SystemExit):
         builtins.quit("bye")  # type: ignore[operator]
     assert recorder.code == 1
-
-
-LEAVING = """
-import atexit, sys, threading
-from ddpboot.worker import exiting
-exiting.RECORDER.install()
-atexit.register(lambda: print("failing" if exiting.leaving_with_failure() else "clean"))
-{body}
-"""
-
-
-@pytest.mark.parametrize(
-    ("body", "verdict"),
-    [
-        ("pass", "clean"),
-        ("sys.exit(0)", "clean"),
-        ("sys.exit()", "clean"),
-        ("sys.exit(2)", "failing"),
-        ("raise ValueError('x')", "failing"),
-        ("raise KeyboardInterrupt", "failing"),
-        ("exit(5)", "failing"),
-        ("t = threading.Thread(target=sys.exit, args=(3,)); t.start(); t.join()", "clean"),
-    ],
-)
-def test_leaving_with_failure_at_interpreter_exit(body: str, verdict: str) -> None:
-    res = subprocess.run([sys.executable, "-c", LEAVING.format(body=body)], capture_output=True, text=True,
-                         timeout=120)
-    assert res.stdout.strip().splitlines()[-1] == verdict, res.stderr
 
 
 def test_settle_threads_waits_until_a_busy_native_thread_is_done() -> None:
