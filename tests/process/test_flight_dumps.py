@@ -1,6 +1,6 @@
 """The flight recorder dumps this torch writes (gloo records its collectives as NCCL does), pickle and JSON, read
-back by ddpboot/launch/stacks/flight.py; the dumps of torch's format written by hand are read in
-tests/unit/launch/stacks/test_flight.py."""
+back by ddpboot.launch.observe.stacks.flight.py; the dumps of torch's format written by hand are read in
+tests/unit/launch/observe/stacks/test_flight.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.launch.stacks.flight import PREFIX, read_dir
+from ddpboot.launch.observe.stacks.flight import PREFIX, read_dir
 
 REAL = """
 import os, sys, datetime, torch, torch.distributed as dist
