@@ -329,10 +329,11 @@ def launch_spec(**changes: Any) -> Any:
     """A LaunchSpec for unit tests: the command line's defaults as launch/config.py parses them (no signals
     forwarded), one node's store on loopback, no log directory; `changes` replace any field."""
     from ddpboot.launch.config import RunOptions, supervision
+    from ddpboot.launch.pymain import TargetKind
     from ddpboot.launch.spec import LaunchSpec, LogMode, Routing, Target
 
     base = {**supervision(RunOptions(script="train.py")).shared(), "signals": (),
-            "target": Target("script", "train.py"), "python": sys.executable, "run_id": "run-1", "routing": Routing(),
+            "target": Target(TargetKind.SCRIPT, "train.py"), "python": sys.executable, "run_id": "run-1", "routing": Routing(),
             "master_addr": "127.0.0.1", "bind_addr": "127.0.0.1", "master_port": None, "store_allow": None,
             "log_dir": None, "log_mode": LogMode.PRIVATE}
     return LaunchSpec(**{**base, **changes})

@@ -88,17 +88,17 @@ def _summaries(run: Path, env: dict[str, str], want: tuple[int, tuple[str, ...]]
     return summaries if summaries.get(rank, "").startswith(calls) else None
 
 
-def test_the_same_job_across_two_nodes_on_one_gpu(tmp_path: Path) -> None:
-    """Two launchers, one rank each on GPU 0, as two single-GPU machines run it. Over NCCL's socket transport
-    rank 1's destroy_process_group returns and it exits 3; rank 0's all_reduce kernel waits for it for good, and the
-    host waits in the torch.cuda.synchronize() after it (measured). Node 0's `ddpboot stacks` names that wait and
-    the collective on its line, and node 0 ends at the stall timeout with the stack in its run directory, instead
-    of at NCCL's 10-minute timeout."""
-    if gpu_count() < 1:
-        pytest.skip("needs a GPU")
-    # No py-spy needed: every Python rank registers faulthandler before the script's first line (the bootstrap).
-    job = tmp_path / "hang.py"
-    job.write_text(JOB)
+HANG_ON_NODE_1 = JOB.replace("sys.exit(3)", "import time; time.sleep(3600)  # alive, never in the collective")
+
+
+Launchers = list[subprocess.Popen[bytes]]
+
+
+def _two_nodes(tmp_path: Path, job: str, stall: tuple[str, str]) -> tuple[Launchers, list[dict[str, str]]]:
+    """Two launchers, one rank each on GPU 0, as two single-GPU machines run a job: distinct NCCL_HOSTIDs, NCCL's
+    socket transport on loopback. `stall`: each node's --stall-timeout."""
+    script = tmp_path / "hang.py"
+    script.write_text(job)
     port = free_port()
     launchers, envs = [], []
     for node in (0, 1):
@@ -106,33 +106,76 @@ def test_the_same_job_across_two_nodes_on_one_gpu(tmp_path: Path) -> None:
                         NCCL_IB_DISABLE="1", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
         args = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
                 "--nproc", "1", "--gpus", "0", "--share", "--log-dir", str(tmp_path / f"logs{node}"),
-                "--stall-timeout", STALL, "--shutdown-timeout", "5", str(job)]
+                "--stall-timeout", stall[node], "--shutdown-timeout", "5", str(script)]
         with (tmp_path / f"stderr{node}").open("w") as err:  # files: a pipe nobody reads could fill with dumps
             launchers.append(subprocess.Popen([*ddpboot_exe(), *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                                               stderr=err, start_new_session=True))
         envs.append(env)
-    waiting = ("synchronize (waiting for the GPU), called from hang.py:11 in <module>, after all_reduce on that line")
+    return launchers, envs
+
+
+def _past_first_all_reduce(tmp_path: Path) -> Path:
+    """Node 0's run directory, once its rank printed that its first all_reduce is done."""
+    run: Path = wait_for(partial(_record, tmp_path / "logs0"), 120, "node 0's run directory").parent
+    wait_for(lambda: "first all_reduce done" in (run / "attempt_0" / "rank0.log").read_text(errors="replace")
+             if (run / "attempt_0" / "rank0.log").exists() else False, 180, "rank 0 past its first all_reduce")
+    return run
+
+
+def _end(launchers: Launchers, timeout: float) -> list[int]:
     try:
-        run = wait_for(partial(_record, tmp_path / "logs0"), 120, "node 0's run directory").parent
-        wait_for(lambda: "first all_reduce done" in (run / "attempt_0" / "rank0.log").read_text(errors="replace")
-                 if (run / "attempt_0" / "rank0.log").exists() else False, 180, "rank 0 past its first all_reduce")
-        hung_at = time.monotonic()
-        got = wait_for(partial(_summaries, run, envs[0], (0, (waiting,))), 60,
-                       f"node 0's on-demand summary naming {waiting!r}", interval=1.0)
-        assert list(got) == [0], got
-        codes = [proc.wait(timeout=float(STALL) * 3 + 60) for proc in launchers]
-        ended = time.monotonic() - hung_at
+        return [proc.wait(timeout=timeout) for proc in launchers]
     finally:
         for proc in launchers:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_a_rank_failing_on_the_other_node_ends_this_node_at_once(tmp_path: Path) -> None:
+    """Over NCCL's socket transport rank 1's destroy_process_group returns and it exits 3; rank 0's all_reduce kernel
+    would wait for it for good (the host in the torch.cuda.synchronize() after it), until NCCL's 10-minute timeout.
+    The node link ends node 0 within seconds, far inside the stall timeout, with rank 1's code and a line naming
+    node 1's failure."""
+    if gpu_count() < 1:
+        pytest.skip("needs a GPU")
+    launchers, _ = _two_nodes(tmp_path, JOB, (STALL, STALL))
+    try:
+        _past_first_all_reduce(tmp_path)
+        hung_at = time.monotonic()
+    finally:
+        codes = _end(launchers, float(STALL) * 3 + 60)
+    ended = time.monotonic() - hung_at
     errs = [(tmp_path / f"stderr{n}").read_text() for n in (0, 1)]
     assert codes[1] == 3 and "ddpboot: rank 1 failed: exit code 3" in errs[1], errs[1][-3000:]
+    assert codes[0] == 3 and "the job failed on node 1" in errs[0], errs[0][-3000:]
+    assert ended < float(STALL) and f"no progress for {STALL} s" not in errs[0], (ended, errs[0][-3000:])
+
+
+def test_a_hang_across_two_nodes_is_named_on_node_0_and_ends_both(tmp_path: Path) -> None:
+    """Rank 1 (node 1) stays alive but never enters the second all_reduce; rank 0 (node 0) waits in its kernel.
+    Node 0's `ddpboot stacks` names that wait and the collective on its line, node 0 ends at its stall timeout with
+    the stack and NCCL's flight recorder dump in its run directory and a verdict, and node 1 ends with it."""
+    if gpu_count() < 1:
+        pytest.skip("needs a GPU")
+    # No py-spy needed: every Python rank registers faulthandler before the script's first line (the bootstrap).
+    launchers, envs = _two_nodes(tmp_path, HANG_ON_NODE_1, (STALL, "600"))  # node 0's stall timeout ends the job
+    waiting = ("synchronize (waiting for the GPU), called from hang.py:11 in <module>, after all_reduce on that line")
+    try:
+        run = _past_first_all_reduce(tmp_path)
+        hung_at = time.monotonic()
+        got = wait_for(partial(_summaries, run, envs[0], (0, (waiting,))), 60,
+                       f"node 0's on-demand summary naming {waiting!r}", interval=1.0)
+        assert list(got) == [0], got
+    finally:
+        codes = _end(launchers, float(STALL) * 3 + 60)
+    ended = time.monotonic() - hung_at
+    errs = [(tmp_path / f"stderr{n}").read_text() for n in (0, 1)]
     assert codes[0] != 0 and ended < float(STALL) * 3, (codes, ended)
     _check_stalled(errs[0], tmp_path / "logs0", {0: (waiting,)})
     verdicts = [line for line in errs[0].splitlines() if line.startswith("ddpboot: verdict:")]
     assert verdicts, errs[0][-3000:]
+    assert codes[1] != 0 and "the job failed on node 0" in errs[1], (codes, errs[1][-3000:])
     if os.environ.get("OUT"):  # the device machine's output folder: keep what node 0 said
         Path(os.environ["OUT"], "hang-two-nodes.log").write_text(errs[0][-20000:])
     # NCCL's flight recorder (--log-dir) dumped rank 0's collectives, set under the names this torch reads
