@@ -333,7 +333,8 @@ def launch_spec(**changes: Any) -> Any:
     from ddpboot.launch.spec import LaunchSpec, LogMode, Routing, Target
 
     base = {**supervision(RunOptions(script="train.py")).shared(), "signals": (),
-            "target": Target(TargetKind.SCRIPT, "train.py"), "python": sys.executable, "run_id": "run-1", "routing": Routing(),
+            "target": Target(TargetKind.SCRIPT, "train.py"), "python": sys.executable, "run_id": "run-1",
+            "routing": Routing(),
             "master_addr": "127.0.0.1", "bind_addr": "127.0.0.1", "master_port": None, "store_allow": None,
             "log_dir": None, "log_mode": LogMode.PRIVATE}
     return LaunchSpec(**{**base, **changes})
