@@ -155,7 +155,9 @@ def test_a_rank_failing_on_the_other_node_ends_this_node_at_once(tmp_path: Path)
 def test_a_hang_across_two_nodes_is_named_on_node_0_and_ends_both(tmp_path: Path) -> None:
     """Rank 1 (node 1) stays alive but never enters the second all_reduce; rank 0 (node 0) waits in its kernel.
     Node 0's `ddpboot stacks` names that wait and the collective on its line, node 0 ends at its stall timeout with
-    the stack and NCCL's flight recorder dump in its run directory and a verdict, and node 1 ends with it."""
+    the stack in its run directory and a verdict, and node 1 ends with it. NCCL's flight recorder writes its dump
+    when a collective times out or fails, and here none does before the stall timeout: the flight recorder test
+    below covers the dump."""
     if gpu_count() < 1:
         pytest.skip("needs a GPU")
     # No py-spy needed: every Python rank registers faulthandler before the script's first line (the bootstrap).
@@ -178,8 +180,6 @@ def test_a_hang_across_two_nodes_is_named_on_node_0_and_ends_both(tmp_path: Path
     assert codes[1] != 0 and "the job failed on node 0" in errs[1], (codes, errs[1][-3000:])
     if os.environ.get("OUT"):  # the device machine's output folder: keep what node 0 said
         Path(os.environ["OUT"], "hang-two-nodes.log").write_text(errs[0][-20000:])
-    # NCCL's flight recorder (--log-dir) dumped rank 0's collectives, set under the names this torch reads
-    assert (run / "attempt_0" / "nccl_trace_rank_0").exists(), sorted(p.name for p in (run / "attempt_0").iterdir())
     assert "is deprecated" not in errs[0], [line for line in errs[0].splitlines() if "is deprecated" in line]
 
 
