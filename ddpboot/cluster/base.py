@@ -165,6 +165,23 @@ class ClusterEnvironment(abc.ABC):
         return f"<{type(self).__name__} {self.describe()}>"
 
 
+class TaskEnvironment(ClusterEnvironment):
+    """A launcher that starts one process (a task) per rank and may let each see every GPU of its node (mpirun,
+    jsrun, pbsdsh, srun): the task of local rank i then takes the i-th (`one_gpu_each`)."""
+
+    narrows_visible_devices: ClassVar[bool] = True
+    started_by: ClassVar[str]
+    """The launcher's command, as the worker's messages name it."""
+
+    @abc.abstractmethod
+    def fewer_tasks(self, visible_count: int) -> str:
+        """How to start no more tasks on a node than the `visible_count` GPUs each of them sees."""
+
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        return one_gpu_each(entries, visible_count, self._local_rank, self._local_world_size, self.started_by,
+                            self.fewer_tasks(visible_count))
+
+
 def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] | None:
     """The first of `names` that is set to a non-empty value, as (name, value); None if none is.
 
