@@ -47,6 +47,14 @@ def pids(proc: Path = PROC) -> list[int]:
     return [int(name) for name in os.listdir(proc) if name.isdigit()]
 
 
+def listed_pids(proc: Path = PROC) -> list[int]:
+    """`pids`, and none where the table cannot be listed: for a scan that finds what it can."""
+    try:
+        return pids(proc)
+    except OSError:
+        return []
+
+
 def owner(pid: int, proc: Path = PROC) -> int | None:
     """The uid the process runs as (its /proc directory's owner); None when gone."""
     try:
@@ -80,15 +88,5 @@ def environ_value(pid: int, name: str, proc: Path = PROC) -> str | None:
 
 def environ_values(name: str, uid: int, proc: Path = PROC) -> dict[int, str]:
     """pid → the value of `name` for every process of `uid` whose environment has it."""
-    out: dict[int, str] = {}
-    try:
-        found = pids(proc)
-    except OSError:
-        return out
-    for pid in found:
-        if owner(pid, proc) != uid:
-            continue
-        value = environ_value(pid, name, proc)
-        if value is not None:
-            out[pid] = value
-    return out
+    mine = (pid for pid in listed_pids(proc) if owner(pid, proc) == uid)
+    return {pid: value for pid in mine if (value := environ_value(pid, name, proc)) is not None}

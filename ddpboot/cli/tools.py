@@ -211,9 +211,7 @@ def smoke_cmd(
 def stacks_cmd(
     run: JobArgument = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the dump as one JSON object.")] = False,
-    timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the launcher's dump.")
-    ] = 30.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the launcher's dump.")] = 30.0,
 ) -> None:
     """Print every rank's current Python stack, with one line per rank naming the collective, barrier or
     destroy_process_group it waits in, and a verdict naming the rank to look at. The launcher collects them

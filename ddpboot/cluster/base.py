@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar, cast, overload
 
 from ddpboot.contract import TORCHRUN_MASTER_PORT, Isolation
 from ddpboot.errors import WorkerEnvError
@@ -23,6 +23,26 @@ PORT_SPAN = 17000
 ephemeral range (32768..60999), so a derived port never collides with the local port of an outgoing connection."""
 
 LOOPBACK = "127.0.0.1"
+T = TypeVar("T")
+
+
+class Given(Generic[T]):
+    """One of the values a cluster environment provides, as a read-only attribute: what its constructor set as the
+    attribute `attr`."""
+
+    def __init__(self, attr: str, doc: str) -> None:
+        self.attr = attr
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, env: None, owner: type) -> Given[T]: ...
+    @overload
+    def __get__(self, env: object, owner: type) -> T: ...
+    def __get__(self, env: object | None, owner: type) -> Given[T] | T:
+        return self if env is None else cast(T, getattr(env, self.attr))
+
+    def __set__(self, env: object, value: T) -> None:
+        raise AttributeError(f"{self.attr[1:]} is read-only: the environment's constructor sets {self.attr}")
 
 
 class ClusterEnvironment(abc.ABC):
@@ -66,7 +86,8 @@ class ClusterEnvironment(abc.ABC):
     def __init__(self, env: Mapping[str, str]) -> None:
         """Read and check every value from `env`; raise `WorkerEnvError` naming the variable that is wrong."""
 
-    # The eight values every environment provides; a subclass's constructor sets them after checking them.
+    # The eight values every environment provides, read-only: a subclass's constructor checks each and sets it as
+    # the attribute named (`self._world_size = ...`).
     _world_size: int
     _rank: int
     _local_rank: int
@@ -75,46 +96,15 @@ class ClusterEnvironment(abc.ABC):
     _nnodes: int
     _main_address: str
     _main_port: int
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-        return self._world_size
-
-    @property
-    def global_rank(self) -> int:
-        """This process's rank in the job, 0 .. world_size-1."""
-        return self._rank
-
-    @property
-    def local_rank(self) -> int:
-        """This process's true index among the processes of its node, 0 .. local_world_size-1."""
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes on this node."""
-        return self._local_world_size
-
-    @property
-    def node_rank(self) -> int:
-        """This node's index in the job, 0 .. nnodes-1."""
-        return self._node_rank
-
-    @property
-    def nnodes(self) -> int:
-        """Number of nodes in the job."""
-        return self._nnodes
-
-    @property
-    def main_address(self) -> str:
-        """Host of the rendezvous store (MASTER_ADDR)."""
-        return self._main_address
-
-    @property
-    def main_port(self) -> int:
-        """Port of the rendezvous store (MASTER_PORT)."""
-        return self._main_port
+    world_size = Given[int]("_world_size", "Number of processes in the job.")
+    global_rank = Given[int]("_rank", "This process's rank in the job, 0 .. world_size-1.")
+    local_rank = Given[int]("_local_rank", "This process's true index among the processes of its node, 0 .. "
+                            "local_world_size-1.")
+    local_world_size = Given[int]("_local_world_size", "Number of processes on this node.")
+    node_rank = Given[int]("_node_rank", "This node's index in the job, 0 .. nnodes-1.")
+    nnodes = Given[int]("_nnodes", "Number of nodes in the job.")
+    main_address = Given[str]("_main_address", "Host of the rendezvous store (MASTER_ADDR).")
+    main_port = Given[int]("_main_port", "Port of the rendezvous store (MASTER_PORT).")
 
     @property
     def device_index(self) -> int:
@@ -163,6 +153,23 @@ class ClusterEnvironment(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
+
+
+class TaskEnvironment(ClusterEnvironment):
+    """A launcher that starts one process (a task) per rank and may let each see every GPU of its node (mpirun,
+    jsrun, pbsdsh, srun): the task of local rank i then takes the i-th (`one_gpu_each`)."""
+
+    narrows_visible_devices: ClassVar[bool] = True
+    started_by: ClassVar[str]
+    """The launcher's command, as the worker's messages name it."""
+
+    @abc.abstractmethod
+    def fewer_tasks(self, visible_count: int) -> str:
+        """How to start no more tasks on a node than the `visible_count` GPUs each of them sees."""
+
+    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
+        return one_gpu_each(entries, visible_count, self._local_rank, self._local_world_size, self.started_by,
+                            self.fewer_tasks(visible_count))
 
 
 def first_set(env: Mapping[str, str], names: Sequence[str]) -> tuple[str, str] | None:

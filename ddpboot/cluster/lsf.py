@@ -12,14 +12,13 @@ MASTER_PORT, else a port derived from the job step (PMIX_NAMESPACE, which jsrun 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import ClassVar
 
 from ddpboot.cluster.base import (
-    ClusterEnvironment,
+    TaskEnvironment,
     first_set,
     job_port_of,
-    one_gpu_each,
     read_ranks,
     store_host,
     store_port,
@@ -59,13 +58,15 @@ def lsf_hosts(env: Mapping[str, str]) -> list[str]:
     return [host for host, slots in zip(words[::2], words[1::2], strict=True) for _ in range(int(slots))]
 
 
-class JsrunEnvironment(ClusterEnvironment):
-    """One jsrun task per rank (`jsrun -n 8 -a 1 -g 1 python train.py`): ranks from JSM_NAMESPACE_*."""
+class JsrunEnvironment(TaskEnvironment):
+    """One jsrun task per rank (`jsrun -n 8 -a 1 -g 1 python train.py`): ranks from JSM_NAMESPACE_*. jsrun's `-g`
+    usually gives each resource set its own GPUs already; where a task sees the node's, it takes the one of its local
+    rank."""
 
     name: ClassVar[str] = "lsf"
     local_rank_var: ClassVar[str] = _LOCAL_RANK
-    narrows_visible_devices: ClassVar[bool] = True
     task_noun: ClassVar[str] = "jsrun task"
+    started_by: ClassVar[str] = "jsrun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -85,8 +86,5 @@ class JsrunEnvironment(ClusterEnvironment):
     def placed_by_hosts(self) -> bool:
         return self._local_world_size < self._world_size
 
-    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
-        """jsrun's `-g` usually gives each resource set its own GPUs already; where a task sees the node's, it takes
-        the one of its local rank."""
-        return one_gpu_each(entries, visible_count, self._local_rank, self._local_world_size, "jsrun",
-                            "give each task its own GPU (jsrun -a 1 -g 1), or start fewer tasks per host.")
+    def fewer_tasks(self, visible_count: int) -> str:
+        return "give each task its own GPU (jsrun -a 1 -g 1), or start fewer tasks per host."

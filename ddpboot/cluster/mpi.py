@@ -29,17 +29,16 @@ ranks fill a node), rank // local size. The ranks meet by rank and address, so t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 from ddpboot.cluster.base import (
-    ClusterEnvironment,
+    TaskEnvironment,
     check_below,
     first_set,
     job_port,
     job_port_of,
-    one_gpu_each,
     parse_int,
     read_ranks,
     store_host,
@@ -120,13 +119,13 @@ def launcher_pid(names: frozenset[str] = LAUNCHER_PROCESSES, proc: Path = PROC) 
     return None
 
 
-class MpiEnvironment(ClusterEnvironment):
+class MpiEnvironment(TaskEnvironment):
     """One MPI rank per process (`mpirun -np 4 python train.py`): ranks from the MPI launcher's variables."""
 
     name: ClassVar[str] = "mpi"
     local_rank_var: ClassVar[str] = "the MPI local rank"
-    narrows_visible_devices: ClassVar[bool] = True
     task_noun: ClassVar[str] = "MPI rank"
+    started_by: ClassVar[str] = "mpirun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -161,13 +160,9 @@ class MpiEnvironment(ClusterEnvironment):
         """No node index from the launcher and ranks on several hosts: init() asks where every rank runs."""
         return self._estimated
 
-    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
-        """Each rank of a node that sees all the node's GPUs takes the one of its local rank."""
-        return one_gpu_each(
-            entries, visible_count, self._local_rank, self._local_world_size, "mpirun",
-            f"start at most {visible_count} ranks per node (Open MPI: --map-by ppr:{visible_count}:node; "
-            f"MPICH: -ppn {visible_count}).",
-        )
+    def fewer_tasks(self, visible_count: int) -> str:
+        return (f"start at most {visible_count} ranks per node (Open MPI: --map-by ppr:{visible_count}:node; "
+                f"MPICH: -ppn {visible_count}).")
 
     def describe(self) -> str:
         return f"{super().describe()} ({self.flavour.name})"

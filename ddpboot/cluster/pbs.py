@@ -33,11 +33,10 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
 from ddpboot.cluster.base import (
-    ClusterEnvironment,
+    TaskEnvironment,
     check_below,
     first_set,
     job_port_of,
-    one_gpu_each,
     read_int,
     require,
     store_port,
@@ -118,13 +117,13 @@ def pbs_node_info(env: Mapping[str, str], nnodes: int | None = None, step: str =
     return PbsNodeInfo(len(hosts), node, hosts[0], pbs_port(env, step))
 
 
-class PbsEnvironment(ClusterEnvironment):
+class PbsEnvironment(TaskEnvironment):
     """One pbsdsh task per slot of the node file (`pbsdsh python train.py`, or `pbsdsh -- bash -lc '...'`)."""
 
     name: ClassVar[str] = "pbs"
     local_rank_var: ClassVar[str] = "the PBS local rank"
-    narrows_visible_devices: ClassVar[bool] = True
     task_noun: ClassVar[str] = "pbsdsh task"
+    started_by: ClassVar[str] = "pbsdsh"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -147,6 +146,5 @@ class PbsEnvironment(ClusterEnvironment):
         self._main_address = slots[0]
         self._main_port = pbs_port(env, shlex.join(sys.orig_argv) if step is None else step)
 
-    def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
-        return one_gpu_each(entries, visible_count, self._local_rank, self._local_world_size, "pbsdsh",
-                            "request as many slots (ppn / ncpus) per host as it has GPUs, or use mpiexec.")
+    def fewer_tasks(self, visible_count: int) -> str:
+        return "request as many slots (ppn / ncpus) per host as it has GPUs, or use mpiexec."

@@ -27,10 +27,9 @@ from typing import ClassVar, NamedTuple
 from ddpboot.cluster.base import (
     PORT_BASE,
     PORT_SPAN,
-    ClusterEnvironment,
+    TaskEnvironment,
     check_below,
     first_set,
-    one_gpu_each,
     read_int,
     require,
     store_port,
@@ -166,7 +165,7 @@ def _tasks_per_node(env: Mapping[str, str], nnodes_var: str, nnodes: int) -> tup
     return var, counts
 
 
-class SlurmEnvironment(ClusterEnvironment):
+class SlurmEnvironment(TaskEnvironment):
     """One srun task per rank (`srun --ntasks-per-node=G python train.py`): ranks from SLURM_* variables.
 
     Detected only inside a srun step with more than one task: a single task is as good as plain python, and the
@@ -175,8 +174,8 @@ class SlurmEnvironment(ClusterEnvironment):
 
     name: ClassVar[str] = "slurm"
     local_rank_var: ClassVar[str] = "SLURM_LOCALID"
-    narrows_visible_devices: ClassVar[bool] = True
     task_noun: ClassVar[str] = "srun task"
+    started_by: ClassVar[str] = "srun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -214,9 +213,7 @@ class SlurmEnvironment(ClusterEnvironment):
     def own_visible_devices(self, entries: Sequence[str] | None, visible_count: int) -> str | None:
         """Narrow only when the task sees several GPUs that are the node's (one task per GPU, no `--gpus-per-task`):
         task SLURM_LOCALID=i then takes entry i of the list (or index i when the variable is unset)."""
-        if self._gpus_per_task:
-            return None
-        return one_gpu_each(
-            entries, visible_count, self._local_rank, self._local_world_size, "srun",
-            f"srun --ntasks-per-node={visible_count}, or give each task its own GPU with --gpus-per-task=1.",
-        )
+        return None if self._gpus_per_task else super().own_visible_devices(entries, visible_count)
+
+    def fewer_tasks(self, visible_count: int) -> str:
+        return f"srun --ntasks-per-node={visible_count}, or give each task its own GPU with --gpus-per-task=1."

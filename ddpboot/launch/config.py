@@ -13,8 +13,8 @@ nothing started):
    under the temporary log base, rundir.temporary_log_base; the line prefix: --no-prefix, --log-line-prefix-template
    or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, filled with --role and this host's name), `--wait-for-gpus`,
    `--numa-binding` (as the request's CPU affinity, which it contradicts when given);
-4. the node setup (flags > SLURM > a PyTorchJob pod > one node; for several nodes the master address must resolve:
-   a DNS lookup of at most 5 s), the store's address and allow-list, the run id;
+4. the node setup (flags > MPI, jsrun, SLURM, pbsdsh > a PyTorchJob pod > one node; for several nodes the master
+   address must resolve: a DNS lookup of at most 5 s), the store's address and allow-list, the run id;
 5. the program: the interpreter (PYTHON_EXEC), the script, module or binary, the preloaded modules;
 6. the request for this node, and whether this machine can run that many ranks.
 

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,13 +57,19 @@ def _starts_elf(path: Path) -> bool:
         return False
 
 
-def _check_runnable(path: Path, what: str, todo: str) -> None:
-    """A program exec can start: it exists, is a file with the x bit, and its #! interpreter exists."""
+def _refuse_unusable(path: Path, what: str, missing: Callable[[], str]) -> None:
+    """UsageError when `path` cannot be used (paths.py says why): `missing()` when it does not exist, else `what`
+    and the reason."""
     problem = why_unusable(path)
     if problem == "does not exist":
-        raise UsageError(f"{what}: {path} does not exist. {todo}.")
+        raise UsageError(missing())
     if problem is not None:
-        raise UsageError(f"{what}: {path} {problem}.")
+        raise UsageError(f"{what} {problem}.")
+
+
+def _check_runnable(path: Path, what: str, todo: str) -> None:
+    """A program exec can start: it exists, is a file with the x bit, and its #! interpreter exists."""
+    _refuse_unusable(path, f"{what}: {path}", lambda: f"{what}: {path} does not exist. {todo}.")
     if path.is_dir():
         raise UsageError(f"{what}: {path} is a directory, not a program. {todo}.")
     if not os.access(path, os.X_OK):
@@ -96,11 +102,8 @@ def _check_script(name: str, cwd: Path, via: str) -> None:
                          "`ddpboot --nproc 2 train.py`; for a module use -m NAME.")
     path = Path(name) if os.path.isabs(name) else cwd / name
     what = f"the script {name!r}" + (f" ({via})" if via else "")
-    problem = why_unusable(path)
-    if problem == "does not exist":
-        raise UsageError(f"{what} does not exist (looked for {path}).{_nearby(path)} {_not_found_todo(name)}")
-    if problem is not None:
-        raise UsageError(f"{what} {problem}.")
+    _refuse_unusable(path, what, lambda: f"{what} does not exist (looked for {path}).{_nearby(path)} "
+                     f"{_not_found_todo(name)}")
     if path.is_dir():
         if not (path / "__main__.py").is_file():
             raise UsageError(f"{what} is a directory without __main__.py; give the script inside it.")

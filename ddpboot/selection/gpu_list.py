@@ -23,35 +23,37 @@ BusAddress = tuple[int, int, int, int]  # PCI domain, bus, device, function
 
 
 @dataclass(frozen=True)
-class GpuIndex:
-    """`3`: a GPU by its physical index (a MIG-enabled GPU means all its instances). `text` as written."""
+class Token:
+    """One entry of a GPU list: `text` as the user wrote it (the messages quote it), and what it names."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class GpuIndex(Token):
+    """`3`: a GPU by its physical index (a MIG-enabled GPU means all its instances)."""
+
     index: int
 
 
 @dataclass(frozen=True)
-class MigInstance:
+class MigInstance(Token):
     """`3:1`: MIG instance 1 of GPU 3."""
 
-    text: str
     index: int
     mig_index: int
 
 
 @dataclass(frozen=True)
-class BusId:
+class BusId(Token):
     """`0000:18:00.0` (the domain may be left out): a GPU by its PCI bus id."""
 
-    text: str
     address: BusAddress
 
 
 @dataclass(frozen=True)
-class UuidPrefix:
+class UuidPrefix(Token):
     """`GPU-5f1c...` or `MIG-...`: a unit by its UUID or a unique prefix of it."""
-
-    text: str
 
 
 GpuToken = GpuIndex | MigInstance | BusId | UuidPrefix

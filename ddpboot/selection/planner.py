@@ -28,6 +28,17 @@ class GpusBusy(PlanError):
     help. Any other PlanError is a request this machine can never meet, however long one waits."""
 
 
+def _json_of(record: object, names: str) -> dict[str, Any]:
+    """The attributes `names` of `record` as JSON, in that order: a tuple as a list, a record as its to_json()."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value.to_json() if hasattr(value, "to_json") else value
+
+    return {name: plain(getattr(record, name)) for name in names.split()}
+
+
 @dataclass(frozen=True)
 class RankSlot:
     rank: int
@@ -40,16 +51,7 @@ class RankSlot:
     mem_nodes: tuple[int, ...] = ()  # NUMA nodes its memory is preferred from (--numa-binding); empty: the default
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "cuda_visible_devices": self.cuda_visible_devices,
-            "device": self.device,
-            "cpus": list(self.cpus),
-            "omp_threads": self.omp_threads,
-            "mem_nodes": list(self.mem_nodes),
-            "gpus": [g.to_json() for g in self.gpus],
-        }
+        return _json_of(self, "rank local_rank cuda_visible_devices device cpus omp_threads mem_nodes gpus")
 
 
 @dataclass(frozen=True)
@@ -79,18 +81,8 @@ class Plan:
         return (per_rank, selected) if 0 < per_rank < selected else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "nnodes": self.nnodes,
-            "node_rank": self.node_rank,
-            "local_world_size": self.local_world_size,
-            "isolation": self.isolation,
-            "backend": self.backend,
-            "inventory": self.inventory_source,
-            "visible": self.visible,
-            "ranks": [r.to_json() for r in self.ranks],
-            "notes": list(self.notes),
-        }
+        return {**_json_of(self, "world_size nnodes node_rank local_world_size isolation backend"),
+                "inventory": self.inventory_source, **_json_of(self, "visible ranks notes")}
 
 
 def busy_reasons(gpu: GPU, req: Request, locked: Mapping[str, str] | None = None) -> list[str]:

@@ -189,13 +189,20 @@ class StoreServer:
         client.sock.close()
         self.intake.room_freed()
 
-    def _read(self, client: Connection) -> None:
+    def _io(self, client: Connection, op: Callable[[bytearray], int], buf: bytearray) -> int | None:
+        """One non-blocking `op` (the socket's recv_into or send) on `buf`: the bytes it moved, or None when it would
+        block or the connection broke (then it is dropped, its socket closed)."""
         try:
-            size = client.sock.recv_into(self._received)
+            return op(buf)
         except (BlockingIOError, InterruptedError):
-            return
+            return None
         except OSError:
             self._drop(client)
+            return None
+
+    def _read(self, client: Connection) -> None:
+        size = self._io(client, client.sock.recv_into, self._received)
+        if size is None:
             return
         if not size:
             self._drop(client)
@@ -268,15 +275,10 @@ class StoreServer:
         while True:
             if client.sock.fileno() < 0:
                 return
-            while client.outbuf:
-                try:
-                    sent = client.sock.send(client.outbuf)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    self._drop(client)
-                    return
+            while client.outbuf and (sent := self._io(client, client.sock.send, client.outbuf)) is not None:
                 del client.outbuf[:sent]
+            if client.sock.fileno() < 0:  # dropped
+                return
             if not client.held_back or len(client.outbuf) > OUT_LIMIT:
                 break
             client.held_back = False

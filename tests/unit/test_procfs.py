@@ -10,7 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from ddpboot.procfs import TASKS, cmdline, environ_value, environ_values, owner, pids, read_stat
+import pytest
+
+from ddpboot.procfs import TASKS, cmdline, environ_value, environ_values, listed_pids, owner, pids, read_stat
 from tests.support import wait_for
 
 
@@ -64,3 +66,12 @@ def test_a_childs_owner_arguments_and_environment(tmp_path: Path) -> None:
         child.communicate(b"")
     assert owner(child.pid) is None and cmdline(child.pid) is None
     assert environ_value(child.pid, "DDPBOOT_PROCFS_PROBE") is None
+
+
+def test_a_table_that_cannot_be_listed_is_scanned_as_empty(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        pids(tmp_path / "gone")
+    assert listed_pids(tmp_path / "gone") == []
+    (tmp_path / "12").mkdir()
+    (tmp_path / "self").mkdir()
+    assert listed_pids(tmp_path) == [12] == pids(tmp_path)

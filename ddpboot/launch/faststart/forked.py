@@ -18,7 +18,11 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddpboot.launch.procs import mempolicy
+# else: zygote.py loads launch/procs/mempolicy.py from its file and gives it to this one as `mempolicy`
 
 # ddpboot/launch/procs/spawn.py's prctl option, written again (this file imports nothing of ddpboot).
 PR_SET_PDEATHSIG = 1
@@ -49,22 +53,6 @@ def _fresh_dispositions(initial: dict[int, Any]) -> None:
         with contextlib.suppress(OSError, ValueError, RuntimeError, TypeError):
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def _prefer_nodes(nodes: list[int]) -> None:
-    """The rank's memory preferred from `nodes` (launch/procs/mempolicy.py says why; this process imports nothing of
-    ddpboot): MPOL_PREFERRED_MANY, or MPOL_PREFERRED on the first node on a kernel without it."""
-    number = {"x86_64": 238, "aarch64": 237, "ppc64le": 260}.get(os.uname().machine)
-    if number is None:
-        return
-    for mode, chosen in ((5, nodes), (1, [min(nodes)])):
-        words = max(chosen) // 64 + 1
-        mask = (ctypes.c_ulong * words)()
-        for n in chosen:
-            mask[n // 64] |= 1 << (n % 64)
-        if _libc.syscall(number, mode, mask, ctypes.c_ulong(words * 64 + 1)) == 0:
-            return
-    raise OSError(ctypes.get_errno(), "set_mempolicy failed")
 
 
 def _show_command(words: list[str]) -> None:
@@ -111,7 +99,7 @@ def prepare_rank(req: dict[str, Any], out_fd: int, err_fd: int, zygote: int, kee
             os.sched_setaffinity(0, req["cpus"])
         if req.get("mems"):
             with contextlib.suppress(OSError):  # a preference: the launcher said once if the kernel refuses it
-                _prefer_nodes(req["mems"])
+                mempolicy.prefer_nodes(req["mems"])
         os.environ.clear()
         os.environ.update(req["env"])
         _show_command(words)

@@ -158,15 +158,13 @@ class _Warm:
                 self.quit(f"idle for {self.idle:.0f} s")
 
     def _reap(self) -> None:
-        while self.sessions:
-            try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        if not self.sessions:
+            return
+        for pid, _status in z.reap.exited():
             if self.sessions.pop(pid, None) is not None:
                 self.last = time.monotonic()
+                if not self.sessions:
+                    return
 
     def quit(self, why: str) -> None:
         """Exit: the socket removed (if it is still this process's), why written beside it. Sessions go on."""

@@ -57,12 +57,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 HERE = os.path.dirname(__file__)
 
 
-def load_file(path: str, name: str) -> Any:
+def load_file(path: str, name: str, **uses: Any) -> Any:
     """A standard-library file of ddpboot's, loaded as a module `name` of its own (not as part of ddpboot: the ranks
-    must not carry ddpboot), as this file is run."""
+    must not carry ddpboot), as this file is run. `uses`: the modules it names that were loaded so before it."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(uses)
     spec.loader.exec_module(module)
     return module
 
@@ -70,9 +71,13 @@ def load_file(path: str, name: str) -> Any:
 if TYPE_CHECKING:
     from ddpboot.launch import pymain
     from ddpboot.launch.faststart import forked as forked
+    from ddpboot.launch.procs import reap as reap
 else:  # run from its file, as this one is: nothing of ddpboot is imported
     pymain = load_file(os.path.join(os.path.dirname(HERE), "pymain.py"), "__ddpboot_pymain__")
-    forked = load_file(os.path.join(HERE, "forked.py"), "__ddpboot_forked__")
+    reap = load_file(os.path.join(os.path.dirname(HERE), "procs", "reap.py"), "__ddpboot_reap__")
+    forked = load_file(os.path.join(HERE, "forked.py"), "__ddpboot_forked__",
+                       mempolicy=load_file(os.path.join(os.path.dirname(HERE), "procs", "mempolicy.py"),
+                                           "__ddpboot_mempolicy__"))
 
 
 def start(path0: str) -> None:
@@ -216,13 +221,7 @@ class Server:
 
     def _reap(self) -> None:
         """Every exited child (a rank, or an orphan it left and this process adopted); a rank's exit is reported."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reap.exited():
             if pid in self.children:
                 self.children.discard(pid)
                 self._tell({"op": "exit", "pid": pid, "status": status})

@@ -139,6 +139,11 @@ def findings(
 FULL = 0.95  # a GPU whose memory is this full is said to be nearly full
 
 
+def _about(gpu: str, key: tuple[object, ...], what: str) -> Finding:
+    """A finding about one of the job's GPUs: `gpu` names it and its ranks, `what` says what is wrong with it."""
+    return Finding(key, f"ddpboot: gpu watch: {gpu} {what}")
+
+
 def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
                     ecc_before: Mapping[str, int | None]) -> list[Finding]:
     """What is wrong with the job's GPUs (`ecc_before`: each GPU's uncorrected ECC count at the first reading)."""
@@ -150,24 +155,22 @@ def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
         names = ", ".join(map(str, whose[st.uuid]))
         gpu = f"GPU {st.label} (rank{'s' if ',' in names else ''} {names})"
         if st.memory_total and st.memory_used >= FULL * st.memory_total:
-            out.append(Finding(("memory", st.uuid), (
-                f"ddpboot: gpu watch: {gpu} is {st.memory_used / st.memory_total:.0%} full "
-                f"({st.memory_used / 2**30:.1f} of {st.memory_total / 2**30:.1f} GiB): the next allocation may fail "
-                "with CUDA out of memory")))
-        for why in st.slowdowns:
-            out.append(Finding(("slow", st.uuid, why), (
-                f"ddpboot: gpu watch: {gpu} slows its clocks: {why}; the job runs slower than it should (nvidia-smi "
-                "-q -d PERFORMANCE shows why; check the machine's cooling and power)")))
+            out.append(_about(gpu, ("memory", st.uuid), (
+                f"is {st.memory_used / st.memory_total:.0%} full ({st.memory_used / 2**30:.1f} of "
+                f"{st.memory_total / 2**30:.1f} GiB): the next allocation may fail with CUDA out of memory")))
+        out += [_about(gpu, ("slow", st.uuid, why), (
+            f"slows its clocks: {why}; the job runs slower than it should (nvidia-smi -q -d PERFORMANCE shows why; "
+            "check the machine's cooling and power)")) for why in st.slowdowns]
         before = ecc_before.get(st.uuid)
         if st.ecc_uncorrected is not None and before is not None and st.ecc_uncorrected > before:
-            out.append(Finding(("ecc", st.uuid, st.ecc_uncorrected), (
-                f"ddpboot: gpu watch: {gpu} reports {st.ecc_uncorrected - before} new uncorrected ECC error"
-                f"{'s' if st.ecc_uncorrected - before > 1 else ''} during this job ({st.ecc_uncorrected} since the "
-                "driver loaded): its memory is failing, results computed on it may be wrong")))
-        for xid in st.xids:
-            out.append(Finding(("xid", st.uuid, xid), (
-                f"ddpboot: gpu watch: {gpu} reported Xid {xid}, a GPU error the driver logged (NVIDIA's Xid list says "
-                "what it means; `dmesg` has the driver's line)")))
+            new = st.ecc_uncorrected - before
+            out.append(_about(gpu, ("ecc", st.uuid, st.ecc_uncorrected), (
+                f"reports {new} new uncorrected ECC error{'s' if new > 1 else ''} during this job "
+                f"({st.ecc_uncorrected} since the driver loaded): its memory is failing, results computed on it may "
+                "be wrong")))
+        out += [_about(gpu, ("xid", st.uuid, xid), (
+            f"reported Xid {xid}, a GPU error the driver logged (NVIDIA's Xid list says what it means; `dmesg` has "
+            "the driver's line)")) for xid in st.xids]
     return out
 
 

@@ -39,7 +39,7 @@ from typing import Protocol
 from ddpboot.contract import ERROR_FILE_VAR
 from ddpboot.launch.procs.procstat import is_process, open_process
 from ddpboot.launch.rundir import rank_of_error_file
-from ddpboot.procfs import PROC, cmdline, environ_value, owner, pids, read_stat
+from ddpboot.procfs import PROC, cmdline, environ_value, listed_pids, owner, read_stat
 
 
 @dataclass(frozen=True)
@@ -70,15 +70,7 @@ def read_proc(pid: int, proc: Path = PROC) -> Proc | None:
 
 def snapshot(proc: Path = PROC) -> dict[int, Proc]:
     """Every process this user can see, by pid."""
-    table: dict[int, Proc] = {}
-    try:
-        found = pids(proc)
-    except OSError:
-        return table
-    for pid in found:
-        if (p := read_proc(pid, proc)) is not None:
-            table[p.pid] = p
-    return table
+    return {pid: p for pid in listed_pids(proc) if (p := read_proc(pid, proc)) is not None}
 
 
 def children(pid: int, proc: Path = PROC) -> set[int]:

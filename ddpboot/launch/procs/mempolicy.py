@@ -5,8 +5,8 @@ the forked child just before exec: the policy is kept across exec and inherited 
 children. Preferred, not bound: when those nodes are full the kernel takes pages elsewhere rather than OOM-kill
 the rank. It is a preference, so a kernel that refuses the call (EPERM in a container whose seccomp profile wants
 CAP_SYS_NICE, ENOSYS without NUMA support) starts the rank anyway: `refused` finds that out once, in the launcher,
-so that the launcher can say so. (The fast-start process does the same for the ranks it forks, in its own copy of
-these lines: it imports nothing of ddpboot.)
+so that the launcher can say so. Standard library only: the fast-start process, which imports nothing of ddpboot,
+loads this file (launch/faststart/zygote.py) and calls `prefer_nodes` in each rank it forks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 MPOL_PREFERRED = 1
 MPOL_PREFERRED_MANY = 5
 SYSCALLS = {"x86_64": 238, "aarch64": 237, "ppc64le": 260}  # set_mempolicy's number per architecture
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, in the launcher, not in a forked child
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, in the launcher or the zygote, not in a forked child
 
 
 def prefer_nodes(nodes: Sequence[int]) -> None:

@@ -25,6 +25,7 @@ from ddpboot.launch.logs import Console, RankStream
 from ddpboot.launch.observe.base import Observer, using
 from ddpboot.launch.procs.groups import signal_group
 from ddpboot.launch.procs.guardian import Guardian
+from ddpboot.launch.procs.reap import exited
 from ddpboot.launch.procs.signals import SignalFd, sender_name
 from ddpboot.launch.procs.spawn import SpawnError
 from ddpboot.launch.supervisor.decisions import Action, AttemptDecisions, DumpStacks, Say, SignalGroups
@@ -61,13 +62,7 @@ class ProcessTable:
         """Reap every exited child (workers, reparented descendants, the guardian); return the workers."""
         done: list[Worker] = []
         running = {w.pid: w for w in self.workers if w.status is None}
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status in exited():
             if pid in running:
                 self._exited(running[pid], status, done)
             elif pid == self.guardian.pid and self.guardian_code is None:
