@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddpboot.procfs import TASKS, cmdline, environ_value, environ_values, owner, pids, read_stat
+from ddpboot.procfs import TASKS, cmdline, environ_value, environ_values, listed_children, owner, pids, read_stat
 from tests.support import wait_for
 
 
@@ -64,3 +64,23 @@ def test_a_childs_owner_arguments_and_environment(tmp_path: Path) -> None:
         child.communicate(b"")
     assert owner(child.pid) is None and cmdline(child.pid) is None
     assert environ_value(child.pid, "DDPBOOT_PROCFS_PROBE") is None
+
+
+def test_the_children_the_kernel_lists_a_zombie_and_a_threads_child_included(tmp_path: Path) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    t = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "60"])))  # a child of a thread
+    t.start()
+    t.join()
+    zombie = subprocess.Popen(["true"])
+    try:
+        wait_for(lambda: (st := read_stat(zombie.pid)) is not None and st.state == "Z", 30, "the child's exit")
+        mine = listed_children(os.getpid())
+        scanned = {pid for pid in pids() if (st := read_stat(pid)) is not None and st.ppid == os.getpid()}
+        assert mine is not None and {started[0].pid, zombie.pid} <= mine and mine == scanned
+        assert listed_children(started[0].pid) == set()
+        assert listed_children(2**22 + 1) is None  # no such process
+        assert listed_children(os.getpid(), tmp_path) is None  # a /proc without the lists: the caller scans
+    finally:
+        started[0].kill()
+        started[0].wait()
+        zombie.wait()
