@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         prog = "ddpboot"
     from typer.main import get_command
 
+    from ddpboot.cli import coercion
     from ddpboot.cli import help as cli_help
+
+    coercion.install()  # no pydantic for the values whose coercion is known
 
     click_command = get_command(command)
     cli_help.install(click_command, brief="--help" not in args)  # -h (or nothing): the summary
