@@ -52,13 +52,14 @@ def _plugin_args() -> list[str]:
     return [] if "ddpboot" in names else ["-p", "ddpboot.testing"]
 
 
-def session(fake: str | None, n: int, work: Path) -> tuple[float, float, float]:
-    """(wall s, median per-test call s, CPU s of every process of the session) of one pytest session."""
+def session(fake: str | None, n: int, work: Path, checkout: Path = ROOT) -> tuple[float, float, float]:
+    """(wall s, median per-test call s, CPU s of every process of the session) of one pytest session, with the
+    ddpboot of `checkout`."""
     d = Path(tempfile.mkdtemp(dir=work))
     (d / "test_plugin.py").write_text(SUITE.format(n=n))
     xml = d / "junit.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPBOOT_", "PYTEST_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), *filter(None, [env.get("PYTHONPATH")])])
     env["DDPBOOT_LOCK_DIR"] = str(d / "locks")
     if fake is not None:
         env["DDPBOOT_FAKE_GPUS"] = fake.format(tmp=d)
@@ -81,17 +82,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tests", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each runs every contender once")
+    ap.add_argument("--baseline", type=Path, help="another checkout of ddpboot: its plugin measured alongside (with "
+                    "the machine's GPUs and with none)")
     args = ap.parse_args()
+    ways = {name: (fake, ROOT) for name, fake in CONTENDERS.items()}
+    if args.baseline is not None:
+        for name in ("the machine's GPUs (NVML)", FLOOR):
+            ways[f"baseline: {name}"] = (CONTENDERS[name], args.baseline.resolve())
     print(f"# {platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, load "
           f"{os.getloadavg()[0]:.1f}; {args.tests} two-rank CPU tests per session, {args.repeat} rounds", flush=True)
-    runs: dict[str, list[tuple[float, float, float]]] = {c: [] for c in CONTENDERS}
+    runs: dict[str, list[tuple[float, float, float]]] = {c: [] for c in ways}
     failed: dict[str, str] = {}
-    order = list(CONTENDERS)
+    order = list(ways)
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as tmp:
         for r in range(args.repeat):
             for name in order[r % len(order):] + order[: r % len(order)]:
                 try:
-                    runs[name].append(session(CONTENDERS[name], args.tests, Path(tmp)))
+                    fake, checkout = ways[name]
+                    runs[name].append(session(fake, args.tests, Path(tmp), checkout))
                 except RuntimeError as exc:
                     failed[name] = str(exc)
                     print(f"  round {r + 1}: {name}: FAILED: {str(exc)[-800:]}", flush=True)
