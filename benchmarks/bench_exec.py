@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import subprocess
@@ -176,12 +177,19 @@ def one(argv: list[str], env: dict[str, str], marks: Path) -> dict[str, float]:
     env = {**env, "BENCH_MARKS": str(marks)}
     if "MASTER_PORT" in env:
         env["MASTER_PORT"] = str(free_port())
-    launch = time.time()
+    launch, cpu = time.time(), _cpu()
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=env.get("BENCH_CWD"))
     end = time.time()
     if out.returncode != 0:
         raise RuntimeError(f"{argv}: exit {out.returncode}\n{out.stderr[-2000:]}")
-    return {"launch": launch, "end": end, **json.loads(marks.read_text())}
+    return {"launch": launch, "end": end, "cpu": _cpu() - cpu, **json.loads(marks.read_text())}
+
+
+def _cpu() -> float:
+    """CPU seconds of every finished child (the launcher, its guardian and the rank): what the job cost, however
+    busy the machine is."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def _med(values: list[float]) -> str:
@@ -226,9 +234,13 @@ def main() -> None:
                     runs[name].append(got)
     walls = {name: [m["end"] - m["launch"] for m in got] for name, got in runs.items()}
     floor = statistics.median(walls["bare worker"])
-    print("\n| launch → exit | wall, median (min–max) | / bare worker |\n|---|---|---|")
+    cpus = {name: [m["cpu"] for m in got] for name, got in runs.items()}
+    cpu_floor = statistics.median(cpus["bare worker"])
+    print("\n| launch → exit | wall, median (min–max) | / bare worker | CPU of all its processes | / bare worker |")
+    print("|---|---|---|---|---|")
     for name, w in walls.items():
-        print(f"| {name} | {_med(w)} | {statistics.median(w) / floor:.2f}x |")
+        print(f"| {name} | {_med(w)} | {statistics.median(w) / floor:.2f}x | {_med(cpus[name])} | "
+              f"{statistics.median(cpus[name]) / cpu_floor:.2f}x |")
     print("\nThe waterfall (the steps-timed runs; median of each step; a step the job does not take is left out):\n")
     print("| step | median | min–max |\n|---|---|---|")
     steps = runs["ddpboot, steps timed"]
