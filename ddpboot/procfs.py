@@ -55,6 +55,19 @@ def listed_pids(proc: Path = PROC) -> list[int]:
         return []
 
 
+def listed_children(pid: int, proc: Path = PROC) -> set[int] | None:
+    """The pids whose parent is `pid`, zombies included, from each of its threads' `children` list (one small read
+    instead of a scan of the whole table); None where the kernel has no such list (CONFIG_PROC_CHILDREN) or the
+    process is gone."""
+    found: set[int] = set()
+    try:
+        for tid in os.listdir(proc / str(pid) / "task"):
+            found.update(int(c) for c in (proc / str(pid) / "task" / tid / "children").read_bytes().split())
+    except (OSError, ValueError):
+        return None
+    return found
+
+
 def owner(pid: int, proc: Path = PROC) -> int | None:
     """The uid the process runs as (its /proc directory's owner); None when gone."""
     try:

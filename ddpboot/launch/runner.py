@@ -31,6 +31,7 @@ from ddpboot.nodes.binding import BINDING_NOTE, on_launcher_cpus
 from ddpboot.nodes.launcher import bind_node_store
 from ddpboot.nodes.static import NodeSetup, cluster_info
 from ddpboot.nodes.store_allow import store_allow_list
+from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import load_inventory
 from ddpboot.selection.locks import GpuLocks, current_holders, lock_dir
 from ddpboot.selection.planner import Plan, make_plan
@@ -171,22 +172,23 @@ def launch_spec(config: LaunchConfig, plan: Plan) -> LaunchSpec:
                       log_mode=output.log_mode)
 
 
-def run(config: LaunchConfig, fast_start: FastStartProcess | None = None) -> int:
+def run(config: LaunchConfig, fast_start: FastStartProcess | None = None, gpus: Inventory | None = None) -> int:
     """Run the job; its exit code (the failing rank's, or 128 + a signal that stopped it before the start).
     `fast_start`: a fast-start process that is already running (the pytest plugin's), used and left running;
-    otherwise `--fast-start` starts one for this run."""
+    otherwise `--fast-start` starts one for this run. `gpus`: the GPUs to plan with instead of the machine's (the
+    pytest plugin's CPU tests: no NVML, no inventory, no GPU lock is read or taken)."""
     block_early(config.signals)
     try:
-        return _run(config, fast_start)
+        return _run(config, fast_start, gpus)
     except StoppedBeforeStart as stop:
         print(f"ddpboot: {stop}", file=sys.stderr)
         return stop.exit_code
 
 
-def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int:
+def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None, gpus: Inventory | None) -> int:
     nodes, env = config.nodes, dict(config.env)
     with contextlib.ExitStack() as stack:  # the one owner of everything the run takes, the GPU locks included
-        plan = _planned(config, stack)
+        plan = _planned(config, stack, gpus)
         spec = launch_spec(config, plan)
         _ensure_owner_check(config, nodes)
         if nodes.elastic:  # --nnodes MIN:MAX: rounds of torch's c10d rendezvous, one Supervisor each
@@ -222,11 +224,11 @@ def _run(config: LaunchConfig, given_fast_start: FastStartProcess | None) -> int
                           after_job=None if link is None else link_verdict(link)).run()
 
 
-def _planned(config: LaunchConfig, stack: contextlib.ExitStack) -> Plan:
+def _planned(config: LaunchConfig, stack: contextlib.ExitStack, gpus: Inventory | None = None) -> Plan:
     """The plan, its GPUs reserved (`stack` lets their locks go), and what the launcher says about it first."""
     for note in config.notes:
         say(f"note: {note}")
-    plan, locks = _reserve(config)
+    plan, locks = _reserve(config) if gpus is None else (_plan_with(config, gpus, {}), None)
     if locks is not None:
         stack.callback(locks.release)
     for note in plan.notes:
@@ -261,14 +263,19 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
     env, request = config.env, config.request
     return reserve(
         lambda: load_inventory(env),
-        lambda inventory, locked: on_launcher_cpus(
-            lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked), env),
+        lambda inventory, locked: _plan_with(config, inventory, locked),
         lock_dir(env),
         wait=config.wait_for_gpus,
         progress=say,
         share=request.share,
         sleep=sleep_unless_stopped,
     )
+
+
+def _plan_with(config: LaunchConfig, inventory: Inventory, locked: Mapping[str, str]) -> Plan:
+    env = config.env
+    return on_launcher_cpus(lambda cpus: make_plan(config.request, inventory, env, allowed_cpus=cpus, locked=locked),
+                            env)
 
 
 def _node_check(config: LaunchConfig, plan: Plan, link: NodeLink | None) -> Callable[[], None] | None:

@@ -19,7 +19,6 @@ address this node serves the workers' store on when it is node rank 0 of a round
 
 from __future__ import annotations
 
-import concurrent.futures
 import re
 import socket
 from collections.abc import Mapping
@@ -303,6 +302,8 @@ def _task_per_node(ranks: ClusterEnvironment, source: NodeSource, name: str) -> 
 
 def check_resolvable(host: str, timeout: float = 5.0, option: str = "--master-addr") -> str:
     """The IPv4/IPv6 address of `host`, or a UsageError within `timeout` seconds (a DNS lookup can hang)."""
+    import concurrent.futures  # only for a name to look up: `ddpboot plan` and one-node jobs start without it
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     future = pool.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
     try:

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+import ddpboot.launch.supervisor  # noqa: F401  (imported once here, not by every test's launcher)
 from ddpboot.errors import DdpbootError
 from ddpboot.launch import runner
 from ddpboot.launch.config import RunOptions, SelectionOptions, build
@@ -31,9 +32,12 @@ from ddpboot.launch.faststart import FastStartError, FastStartProcess
 from ddpboot.launch.procs.spawn import PR_SET_PDEATHSIG, become_subreaper, prctl
 from ddpboot.launch.pymain import TargetKind
 from ddpboot.launch.spec import Target
+from ddpboot.selection.gpu import Inventory
 from ddpboot.testing.job import LAUNCHER_LOG, PRELOAD_VAR
 
 RANK_MODULE = "ddpboot.testing.rank"
+# A CPU test's launcher plans with no GPUs instead of reading the machine's: no NVML, no GPU lock, no GPU watch.
+CPU_TEST = Inventory((), "none", ("the test asked for CPU ranks: the machine's GPUs were not read",))
 SHUTDOWN_TIMEOUT = 5.0  # seconds a stopped rank gets before SIGKILL
 
 
@@ -50,7 +54,8 @@ def run_job(zygote: FastStartProcess, nproc: int, gpu: bool, results: str, wait:
         selection=SelectionOptions(nproc=str(nproc), cpu=not gpu), shutdown_timeout=SHUTDOWN_TIMEOUT,
         wait_for_gpus=f"{wait}s" if gpu and wait > 0 else None,
     )
-    return runner.run(build(options, dict(os.environ), Path.cwd()), fast_start=zygote)
+    return runner.run(build(options, dict(os.environ), Path.cwd()), fast_start=zygote,
+                      gpus=None if gpu else CPU_TEST)
 
 
 def _job_process(req: dict[str, Any], zygote: FastStartProcess, protocol: list[IO[Any]]) -> None:

@@ -173,3 +173,38 @@ def test_xdist_two_workers(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=4)
     ran = {p.name.split("-")[0] for p in pytester.path.glob("runpytest-*/gw*-*")}
     assert ran == {"gw0", "gw1"}, "both workers ran ddp tests, each with its own warm process and launchers"
+
+
+def test_a_cpu_test_reads_no_gpu(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that asked for CPU ranks never reads the machine's GPUs: a simulated inventory that fails whoever reads
+    it (a file that is not there) stops nothing but a test that may use GPUs."""
+    monkeypatch.setenv("DDPBOOT_FAKE_GPUS", str(pytester.path / "no-such-inventory.json"))
+    pytester.makepyfile(test_cpu="""
+        import os
+
+        import pytest
+
+
+        @pytest.mark.ddp(nproc=2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_sum(ddp_ctx, i):
+            import torch
+            import torch.distributed as dist
+
+            t = torch.ones(1) * (ddp_ctx.rank + i)
+            dist.all_reduce(t)
+            assert t.item() == 1 + 2 * i and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--timeout", "240")
+    result.assert_outcomes(passed=2)
+    pytester.makepyfile(test_cpu="""
+        import pytest
+
+
+        @pytest.mark.ddp(nproc=1, device="auto")
+        def test_may_use_a_gpu(ddp_ctx):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--timeout", "240")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*no-such-inventory.json* is neither a GPU count nor a readable JSON file*"])

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from ddpboot.procfs import TASKS, cmdline, environ_value, environ_values, listed_pids, owner, pids, read_stat
+from ddpboot.procfs import (
+    TASKS,
+    cmdline,
+    environ_value,
+    environ_values,
+    listed_children,
+    listed_pids,
+    owner,
+    pids,
+    read_stat,
+)
 from tests.support import wait_for
 
 
@@ -75,3 +85,23 @@ def test_a_table_that_cannot_be_listed_is_scanned_as_empty(tmp_path: Path) -> No
     (tmp_path / "12").mkdir()
     (tmp_path / "self").mkdir()
     assert listed_pids(tmp_path) == [12] == pids(tmp_path)
+
+
+def test_the_children_the_kernel_lists_a_zombie_and_a_threads_child_included(tmp_path: Path) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    t = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "60"])))  # a child of a thread
+    t.start()
+    t.join()
+    zombie = subprocess.Popen(["true"])
+    try:
+        wait_for(lambda: (st := read_stat(zombie.pid)) is not None and st.state == "Z", 30, "the child's exit")
+        mine = listed_children(os.getpid())
+        scanned = {pid for pid in pids() if (st := read_stat(pid)) is not None and st.ppid == os.getpid()}
+        assert mine is not None and {started[0].pid, zombie.pid} <= mine and mine == scanned
+        assert listed_children(started[0].pid) == set()
+        assert listed_children(2**22 + 1) is None  # no such process
+        assert listed_children(os.getpid(), tmp_path) is None  # a /proc without the lists: the caller scans
+    finally:
+        started[0].kill()
+        started[0].wait()
+        zombie.wait()

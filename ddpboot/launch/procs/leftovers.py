@@ -39,7 +39,7 @@ from typing import Protocol
 from ddpboot.contract import ERROR_FILE_VAR
 from ddpboot.launch.procs.procstat import is_process, open_process
 from ddpboot.launch.rundir import rank_of_error_file
-from ddpboot.procfs import PROC, cmdline, environ_value, listed_pids, owner, read_stat
+from ddpboot.procfs import PROC, cmdline, environ_value, listed_children, listed_pids, owner, read_stat
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,10 @@ def snapshot(proc: Path = PROC) -> dict[int, Proc]:
 
 
 def children(pid: int, proc: Path = PROC) -> set[int]:
-    """The pids whose parent is `pid` now."""
+    """The pids whose parent is `pid` now: the kernel's list of them, else from a scan of the table."""
+    listed = listed_children(pid, proc)
+    if listed is not None:
+        return listed
     return {p.pid for p in snapshot(proc).values() if p.ppid == pid}
 
 
