@@ -4,6 +4,8 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - watch.py: the launcher's watch hook (the node link: another node failed; an elastic round: a node waits);
 - gpuwatch.py: `--gpu-watch`, whose process is on which GPU, and the GPUs' health;
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
+- death.py: why a rank died by a signal (the OOM killer, a limit, another process; why.py decides, memcg.py reads
+  the memory cgroups);
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
 - status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddpboot.launch.observe.base import Job, Observer
+from ddpboot.launch.observe.death import DeathCause
 from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
@@ -26,6 +29,7 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     GpuWatch.start,
     Stall.start,
     StackDumps.start,
+    DeathCause.start,
     RunStatus.start,  # last: it publishes what the others changed
 )
 """Who watches an attempt, in the order the loop asks them; each returns its observer, or None when it has nothing
