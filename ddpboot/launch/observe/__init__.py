@@ -6,6 +6,7 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
 - death.py: why a rank died by a signal (the OOM killer, a limit, another process; why.py decides, memcg.py reads
   the memory cgroups);
+- startup.py: the start-up waterfall, each rank's phases and the one slow rank (waterfall.py decides);
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
 - status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
@@ -19,6 +20,7 @@ from ddpboot.launch.observe.death import DeathCause
 from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
+from ddpboot.launch.observe.startup import Startup
 from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.observe.watch import WatchHook
 
@@ -30,6 +32,7 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     Stall.start,
     StackDumps.start,
     DeathCause.start,
+    Startup.start,
     RunStatus.start,  # last: it publishes what the others changed
 )
 """Who watches an attempt, in the order the loop asks them; each returns its observer, or None when it has nothing

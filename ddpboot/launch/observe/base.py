@@ -131,6 +131,10 @@ class Status(Protocol):
         """Why `rank` died (observe/death.py): the summary's `why:` line, status.json's `cause`."""
         ...
 
+    def phases(self, rank: int, table: dict[str, float]) -> None:
+        """`rank`'s start-up phases, seconds each (observe/startup.py): status.json's `phases`."""
+        ...
+
 
 @dataclass(frozen=True)
 class Job:

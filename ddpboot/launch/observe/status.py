@@ -56,6 +56,7 @@ class RankStatus:
     last_output: float | None  # unix time
     bar: str | None  # the last state of its progress bar
     cause: str | None = None  # why it died by a signal (observe/death.py), once known
+    phases: dict[str, float] | None = None  # its start-up's phases, seconds each (observe/startup.py), once known
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class RunStatus(Observer):
         self.bars: dict[int, str] = {}  # rank → the last bar seen at a write
         self.warnings: list[str] = []
         self.causes: dict[int, str] = {}  # rank → why it died by a signal (observe/death.py)
+        self.startup: dict[int, dict[str, float]] = {}  # rank → its start-up's phases (observe/startup.py)
         self.changed = False  # since the last write: output, an exit, a warning, a new attempt
         self.next_write = -float("inf")
         self.writes = 0
@@ -134,6 +136,7 @@ class RunStatus(Observer):
         self.last_output.clear()
         self.bars.clear()
         self.causes.clear()
+        self.startup.clear()
         self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
 
     def on_output(self, rank: int, data: bytes) -> None:
@@ -151,6 +154,10 @@ class RunStatus(Observer):
 
     def explain(self, rank: int, text: str) -> None:
         self.causes[rank] = text
+        self.changed = True
+
+    def phases(self, rank: int, table: dict[str, float]) -> None:
+        self.startup[rank] = dict(table)
         self.changed = True
 
     def due(self, now: float) -> float | None:
@@ -186,6 +193,7 @@ class RunStatus(Observer):
                 last_output=self.last_output.get(w.slot.rank),
                 bar=self.bars.get(w.slot.rank),
                 cause=self.causes.get(w.slot.rank),
+                phases=self.startup.get(w.slot.rank),
             ))
         return StatusFile(VERSION, self.pid, self.start_time, self.run_id, self.node_rank, self.host, self.attempt,
                           self.world_size, self.wall(), tuple(ranks), tuple(self.warnings))
