@@ -87,7 +87,8 @@ class Startup(Observer):
             return ()
         self.next_poll = now + POLL_INTERVAL
         if self.done:
-            self._read_nccl(now)
+            if self.nccl_until is not None:
+                self._read_nccl(now)
             return ()
         self._read()
         if self.workers and all("pg" in self.marks.get(w.slot.rank, {}) for w in self.workers):

@@ -38,6 +38,7 @@ def test_the_line_comes_once_every_group_is_up_and_names_the_slow_rank(tmp_path:
     obs.on_wake(109.0, Attempt(ws))
     assert said == ["ddpboot: start-up 9.5 s: slowest rank 1: imports 8.5 s (the others at most 2.5 s)"]
     assert obs.due(109.0) is None  # done: no more reading
+    obs.on_wake(120.0, Attempt(ws))  # the loop still wakes it: nothing to do
     assert isinstance(j.status, RunStatus)
     assert j.status.startup[0] == {"python": 0.5, "imports": 2.5, "setup": 0.1, "rendezvous": 6.4}
     clock.now = 110.0
