@@ -4,6 +4,7 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - watch.py: the launcher's watch hook (the node link: another node failed; an elastic round: a node waits);
 - gpuwatch.py: `--gpu-watch`, whose process is on which GPU, and the GPUs' health;
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
+- dstate.py: a rank stuck in the kernel (D state) while the job runs, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT;
 - death.py: why a rank died by a signal (the OOM killer, a limit, another process; why.py decides, memcg.py reads
   the memory cgroups);
 - startup.py: the start-up waterfall, each rank's phases and the one slow rank (waterfall.py decides);
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 from ddpboot.launch.observe.base import Job, Observer
 from ddpboot.launch.observe.death import DeathCause
+from ddpboot.launch.observe.dstate import Uninterruptible
 from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
@@ -31,6 +33,7 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     GpuWatch.start,
     Stall.start,
     StackDumps.start,
+    Uninterruptible.start,  # after the dumps: its verdict line follows theirs
     DeathCause.start,
     Startup.start,
     RunStatus.start,  # last: it publishes what the others changed
