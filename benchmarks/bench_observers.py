@@ -1,6 +1,6 @@
 """The CPU cost, while a job runs, of the observers of issue 44: the death observer's sample (each rank's peak RSS
-and CPU time, once a second) and its record at a rank's start (its memory cgroup's counters, CPU-time limit, the
-node's OOM count), and the start-up observer's poll of the phases files (every 0.5 s while the ranks start), timed
+and CPU time, every 2 s) and its record at a rank's start (its memory cgroup's counters, CPU-time limit, the
+node's OOM count), and the start-up observer's poll of the phases files (once a second while the ranks start), timed
 in CPU seconds against real processes standing in for the ranks, and what they make as a share of one core.
 
     python benchmarks/bench_observers.py [--ranks 8] [--rounds 300]

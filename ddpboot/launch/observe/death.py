@@ -23,7 +23,7 @@ from ddpboot.launch.observe.memcg import Counters, MemoryCgroup, kernel_kill_lin
 from ddpboot.launch.observe.why import Death, explain
 from ddpboot.procfs import cpu_limit, peak_rss, read_stat
 
-SAMPLE_INTERVAL = 1.0  # seconds between two samples of the ranks' peak memory and CPU time
+SAMPLE_INTERVAL = 2.0  # seconds between two samples of the ranks' peak memory and CPU time
 ERROR_FILE_KEY = "ddpboot_cause"  # marks an error file ddpboot wrote (the summary does not show it as a traceback)
 CRASH_MARK = "Fatal Python error"  # faulthandler's first line
 

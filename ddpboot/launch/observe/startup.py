@@ -17,7 +17,7 @@ from ddpboot.contract import nccl_init_file, phases_file
 from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running, Status
 from ddpboot.launch.observe.waterfall import phases, slowest, startup_line
 
-POLL_INTERVAL = 0.5  # seconds between two reads of the phases files while the ranks start
+POLL_INTERVAL = 1.0  # seconds between two reads of the phases files while the ranks start
 NCCL_WAIT = 60.0  # seconds after the line that NCCL's init (lazy: at the first collective) is still looked for
 NCCL_TIMINGS = re.compile(r"NCCL INFO Init timings - \S+: rank \d+ nranks \d+ total ([0-9.]+)")
 

@@ -103,10 +103,10 @@ def test_nccl_s_init_comes_after_the_line_and_is_published(tmp_path: Path) -> No
     assert obs.due(102.0) == 102.0 + POLL_INTERVAL  # looking for NCCL's init
     nccl_init_file(str(w.error_file)).write_text("h:1:1 [0] NCCL INFO Init timings - ncclCommInitRankConfig: rank 0 "
                                                  "nranks 1 total 0.75 (kernels 0.5)\n")
-    obs.on_wake(102.5, Attempt([w]))
+    obs.on_wake(102.0 + POLL_INTERVAL, Attempt([w]))
     assert isinstance(j.status, RunStatus) and j.status.startup[0]["nccl"] == 0.75
     assert list(j.status.startup[0])[:4] == ["python", "imports", "cuda", "nccl"]
-    assert obs.due(103.0) is None  # found: done
+    assert obs.due(110.0) is None  # found: done
     other = Startup(j.status, j.say, clock, wall=lambda: WALL0 + clock.now)
     silent = worker(0, 10, (gpu(0),), run=tmp_path / "b")  # a rank whose NCCL never initialises
     marks(silent, up=99.5, torch=101.0, pg_start=101.7, pg=101.8)
