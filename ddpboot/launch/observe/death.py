@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -97,10 +98,12 @@ class DeathCause(Observer):
         if seen is not None and seen.pid != worker.pid:
             seen = None
         after = tuple(seen.cgroup.read()) if seen is not None and seen.cgroup is not None else None
-        line, unread = self.kmsg(worker.pid)
+        signo = os.WTERMSIG(worker.status)
+        # The kernel log is read for a SIGKILL only (the OOM killer's signal): a stop's SIGTERMs read nothing.
+        line, unread = self.kmsg(worker.pid) if signo == signal.SIGKILL else (None, None)
         node = [s.peak_rss for s in self.watched.values() if s.peak_rss is not None]
         death = Death(
-            rank=worker.slot.rank, signo=os.WTERMSIG(worker.status), at=self.wall(),
+            rank=worker.slot.rank, signo=signo, at=self.wall(),
             before=seen.before if seen is not None else None, after=after,
             node_ooms=(seen.node_ooms if seen is not None else None, node_oom_kills()),
             peak_rss=seen.peak_rss if seen is not None else None, node_rss=sum(node) if node else None,

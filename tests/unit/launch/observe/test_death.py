@@ -18,7 +18,8 @@ from tests.unit.launch.observe.jobs import Attempt, Clock, job, worker
 def test_a_rank_ended_by_another_process_is_published_and_written_to_its_error_file(tmp_path: Path) -> None:
     clock = Clock()
     j = job(tmp_path, clock, [])
-    observer = DeathCause.start(j)
+    read: list[int] = []
+    observer = DeathCause(j.status, clock, kmsg=lambda pid: (read.append(pid), (None, None))[1])
     child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(32 << 20); sys.stdin.read()"],
                              stdin=subprocess.PIPE)
     w = worker(1, child.pid, run=tmp_path)
@@ -42,6 +43,7 @@ def test_a_rank_ended_by_another_process_is_published_and_written_to_its_error_f
     assert data["message"]["message"] == f"ddpboot: {cause}" and data["errorCode"] == 143
     assert written_by_ddpboot(w.error_file)
     assert j.status.snapshot([w]).ranks[0].cause == cause
+    assert read == []  # the kernel log is read for a SIGKILL only
 
 
 def test_what_ddpboot_sent_is_named_and_a_rank_s_own_error_file_is_kept(tmp_path: Path) -> None:
@@ -52,6 +54,7 @@ def test_what_ddpboot_sent_is_named_and_a_rank_s_own_error_file_is_kept(tmp_path
     w.error_file.parent.mkdir(parents=True)
     w.error_file.write_text('{"message": "its own"}')
     w.status, w.signalled = signal.SIGKILL, ["SIGKILL (shutdown timeout)"]  # a wait status: killed by SIGKILL
+    observer.kmsg = lambda pid: (None, "the kernel log cannot be read (test)")
     observer.on_exit(w)  # never recorded: died before the first wake-up
     observer.close()
     assert isinstance(j.status, RunStatus)
