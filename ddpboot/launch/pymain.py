@@ -221,7 +221,8 @@ def record_phases(error_file: str) -> None:
                 os.close(fd)
 
     mark("up")
-    if "torch" in sys.modules:  # a forked rank: its parent imported torch
+    if "torch" in sys.modules:  # a forked rank: its parent imported torch, which is there from its start
+        mark("torch")
         _torch_loaded(sys.modules["torch"], mark)
     else:
         def loaded(torch: ModuleType) -> None:

@@ -61,3 +61,9 @@ def test_the_phases_of_every_rank_are_in_the_status_file(tmp_path: Path) -> None
         assert {"python", "imports", "setup", "rendezvous"} <= set(r.phases), r.phases
     raw = json.loads(json.dumps(st.to_json()))
     assert raw["ranks"][0]["phases"] == st.ranks[0].phases
+
+
+def test_a_forked_rank_s_slow_work_before_its_group_is_its_setup(tmp_path: Path) -> None:
+    """Under --fast-start torch is imported before the fork: the same 4 s are the script's own setup."""
+    lines, err = _run(tmp_path, "--fast-start", SLOW_RANK="1", SLOW_SECONDS="4")
+    assert len(lines) == 1 and ": slowest rank 1: setup " in lines[0], err

@@ -23,8 +23,9 @@ def test_a_rank_s_phases_go_as_far_as_its_marks() -> None:
     late = phases(100.0, {"up": 101.0, "torch": 102.0, "pg_start": 103.0, "pg": 104.0, "cuda_start": 105.0,
                           "cuda": 107.0})
     assert late["setup"] == 1.0 and late["cuda"] == 2.0
-    # a forked rank: torch was imported by its parent, no imports phase
-    assert phases(100.0, {"up": 100.1, "pg_start": 100.2, "pg": 100.3}) == {"python": 0.1, "rendezvous": 0.1}
+    # a forked rank: torch was imported by its parent, so there from its start
+    assert phases(100.0, {"up": 100.1, "torch": 100.1, "pg_start": 104.2, "pg": 104.3}) == {
+        "python": 0.1, "imports": 0.0, "setup": 4.1, "rendezvous": 0.1}
 
 
 def test_the_slow_rank_is_named_with_its_phase() -> None:
