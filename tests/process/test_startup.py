@@ -67,3 +67,25 @@ def test_a_forked_rank_s_slow_work_before_its_group_is_its_setup(tmp_path: Path)
     """Under --fast-start torch is imported before the fork: the same 4 s are the script's own setup."""
     lines, err = _run(tmp_path, "--fast-start", SLOW_RANK="1", SLOW_SECONDS="4")
     assert len(lines) == 1 and ": slowest rank 1: setup " in lines[0], err
+
+
+def test_top_shows_the_phase_of_a_rank_that_is_still_starting(tmp_path: Path) -> None:
+    """While rank 1 sleeps in its imports (20 s here) and rank 0 waits in init_process_group, `ddpboot top --json`
+    names each one's phase."""
+    from tests.support import clean_env, finish, run_ddpboot, start_launcher, wait_for
+
+    logs = tmp_path / "logs"
+    proc = start_launcher(["--nproc-per-node", "2", "--log-dir", str(logs), "--rdzv-id", "p", SLOW],
+                          launch_env(tmp_path, SLOW_RANK="1", SLOW_SECONDS="20"))
+    try:
+        def phases() -> dict[int, str | None] | None:
+            got = run_ddpboot("top", str(logs / "p"), "--json", "--interval", "0.2", env=clean_env(), timeout=60)
+            if got.returncode != 0:
+                return None
+            seen = {r["rank"]: r["phase"] for r in json.loads(got.stdout)["ranks"]}
+            return seen if seen == {0: "rendezvous", 1: "imports"} else None
+
+        assert wait_for(phases, 60, "rank 0 in its rendezvous, rank 1 in its imports", interval=0.5)
+    finally:
+        code, _, err = finish(proc)
+    assert code == 0, err

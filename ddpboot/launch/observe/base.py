@@ -135,6 +135,10 @@ class Status(Protocol):
         """`rank`'s start-up phases, seconds each (observe/startup.py): status.json's `phases`."""
         ...
 
+    def phase(self, rank: int, name: str | None) -> None:
+        """The start-up phase `rank` is in now (None: its group is up): status.json's `phase`, top's column."""
+        ...
+
 
 @dataclass(frozen=True)
 class Job:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddpboot.contract import nccl_init_file, phases_file
 from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running, Status
-from ddpboot.launch.observe.waterfall import phases, slowest, startup_line
+from ddpboot.launch.observe.waterfall import current_phase, phases, slowest, startup_line
 
 POLL_INTERVAL = 1.0  # seconds between two reads of the phases files while the ranks start
 NCCL_WAIT = 60.0  # seconds after the line that NCCL's init (lazy: at the first collective) is still looked for
@@ -115,10 +115,13 @@ class Startup(Observer):
             try:
                 size = path.stat().st_size
             except OSError:
-                continue
-            if size != self.sizes.get(w.slot.rank):
+                size = -1
+            if size >= 0 and size != self.sizes.get(w.slot.rank):
                 self.sizes[w.slot.rank] = size
                 self.marks[w.slot.rank] = read_marks(path)
+        for w in self.workers:
+            if w.pid and w.status is None:
+                self.status.phase(w.slot.rank, current_phase(self.marks.get(w.slot.rank, {})))
 
     def table(self) -> dict[int, dict[str, float]]:
         """Every started rank's phases so far."""
@@ -129,6 +132,8 @@ class Startup(Observer):
 
     def _finish(self) -> None:
         self.done = True
+        for w in self.workers:
+            self.status.phase(w.slot.rank, None)
         table = self.table()
         for rank, row in table.items():
             self.status.phases(rank, row)

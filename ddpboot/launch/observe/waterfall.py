@@ -39,6 +39,19 @@ def phases(exec_at: float, marks: Mapping[str, float], first_output: float | Non
     return {k: round(out[k], 3) for k in PHASES if k in out}
 
 
+def current_phase(marks: Mapping[str, float]) -> str | None:
+    """The phase a started rank is in now, from its marks so far (None: its process group is up)."""
+    if "pg" in marks:
+        return None
+    if "pg_start" in marks:
+        return "rendezvous"
+    if "cuda_start" in marks and "cuda" not in marks:
+        return "cuda"
+    if "torch" in marks:
+        return "setup"
+    return "imports" if "up" in marks else "python"
+
+
 def _between(t: float | None, start: float | None, end: float | None) -> bool:
     return t is not None and start is not None and end is not None and start <= t <= end
 

@@ -31,6 +31,7 @@ def test_the_line_comes_once_every_group_is_up_and_names_the_slow_rank(tmp_path:
     assert obs.due(100.0) == -float("inf")
     obs.on_wake(100.0, Attempt(ws))
     assert obs.due(100.0) == 100.0 + POLL_INTERVAL and said == []
+    assert isinstance(j.status, RunStatus) and j.status.current == {0: "rendezvous", 1: "imports"}
     clock.now = 109.0
     marks(ws[1], torch=108.0, pg_start=108.1, pg=108.5)
     marks(ws[0], pg=108.5)
@@ -38,6 +39,7 @@ def test_the_line_comes_once_every_group_is_up_and_names_the_slow_rank(tmp_path:
     obs.on_wake(109.0, Attempt(ws))
     assert said == ["ddpboot: start-up 9.5 s: slowest rank 1: imports 8.5 s (the others at most 2.5 s)"]
     assert obs.due(109.0) is None  # done: no more reading
+    assert j.status.current == {}  # every group is up: no phase column
     obs.on_wake(120.0, Attempt(ws))  # the loop still wakes it: nothing to do
     assert isinstance(j.status, RunStatus)
     assert j.status.startup[0] == {"python": 0.5, "imports": 2.5, "setup": 0.1, "rendezvous": 6.4}

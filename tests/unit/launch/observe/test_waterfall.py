@@ -58,3 +58,15 @@ def test_no_line_for_one_rank_waiting_alone_or_phases_nobody_else_has() -> None:
 def test_the_largest_loss_wins() -> None:
     table = {0: {"imports": 10.0, "cuda": 1.0}, 1: {"imports": 3.0, "cuda": 9.0}, 2: {"imports": 3.0, "cuda": 1.0}}
     assert slowest(table) == Slowest(1, "cuda", 9.0, 1.0)
+
+
+def test_the_phase_a_rank_is_in_now() -> None:
+    from ddpboot.launch.observe.waterfall import current_phase
+
+    assert current_phase({}) == "python"
+    assert current_phase({"up": 1.0}) == "imports"
+    assert current_phase({"up": 1.0, "torch": 2.0}) == "setup"
+    assert current_phase({"up": 1.0, "torch": 2.0, "cuda_start": 2.5}) == "cuda"
+    assert current_phase({"up": 1.0, "torch": 2.0, "cuda_start": 2.5, "cuda": 3.0}) == "setup"
+    assert current_phase({"up": 1.0, "torch": 2.0, "pg_start": 3.0}) == "rendezvous"
+    assert current_phase({"up": 1.0, "torch": 2.0, "pg_start": 3.0, "pg": 4.0}) is None
