@@ -180,6 +180,18 @@ def exit_mark(error_file: str) -> Path:
     return Path(error_file + ".exiting")
 
 
+def phases_file(error_file: str) -> Path:
+    """Where a Python rank's bootstrap appends the marks of its start-up (launch/pymain.py record_phases, which
+    writes the suffix again): beside its TORCHELASTIC_ERROR_FILE."""
+    return Path(error_file + ".phases")
+
+
+def nccl_init_file(error_file: str) -> Path:
+    """Where NCCL writes its init log (NCCL_DEBUG_FILE, with --log-dir, for a GPU rank whose user set no NCCL_DEBUG):
+    beside its TORCHELASTIC_ERROR_FILE. The start-up waterfall reads NCCL's own init time from it."""
+    return Path(error_file + ".nccl")
+
+
 def stacks_file(error_file: str) -> Path:
     """Where a rank's faulthandler appends its stacks (STACKS_VAR): beside its TORCHELASTIC_ERROR_FILE."""
     return Path(error_file.removesuffix(".error.json") + ".stacks")

@@ -103,3 +103,45 @@ def environ_values(name: str, uid: int, proc: Path = PROC) -> dict[int, str]:
     """pid → the value of `name` for every process of `uid` whose environment has it."""
     mine = (pid for pid in listed_pids(proc) if owner(pid, proc) == uid)
     return {pid: value for pid in mine if (value := environ_value(pid, name, proc)) is not None}
+
+
+def peak_rss(pid: int, proc: Path = PROC) -> int | None:
+    """The most the process has held resident since it started (VmHWM of /proc/PID/status), in bytes; None when
+    gone or unreadable."""
+    try:
+        for line in (proc / str(pid) / "status").read_text(errors="replace").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def cgroups(pid: int, proc: Path = PROC) -> list[tuple[str, str]] | None:
+    """The process's cgroups (/proc/PID/cgroup): (controllers, path) per hierarchy, "" for cgroup v2's one
+    hierarchy; None when gone."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text(errors="replace")
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        out.append((controllers, path))
+    return out
+
+
+def cpu_limit(pid: int, proc: Path = PROC) -> tuple[float | None, float | None] | None:
+    """The process's CPU-time limit, RLIMIT_CPU (soft, hard) in seconds, None for unlimited (/proc/PID/limits);
+    None when gone."""
+    try:
+        text = (proc / str(pid) / "limits").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Max cpu time"):
+            words = line.split()
+            soft, hard = words[3], words[4]
+            return (None if soft == "unlimited" else float(soft)), (None if hard == "unlimited" else float(hard))
+    return None, None

@@ -10,7 +10,9 @@ library only and imports nothing of ddpboot, so it works with any PYTHON_EXEC in
 installed, one inside a container that cannot see the launcher's files). Pure.
 
 What differs from plain python: a few frames below the script's in a live stack (py-spy, faulthandler: two of
-`<string>`, then pymain.py's; the summary skips them), one open file (the stacks file, close-on-exec), and the
+`<string>`, then pymain.py's; the summary skips them), one open file (the stacks file, close-on-exec), the start-up
+marks (pymain.py record_phases: a finder first in sys.meta_path until torch is imported, and torch.cuda._lazy_init
+and init_process_group wrapped until their first call, one frame of pymain.py's below them then), and the
 process's command line, which `--dry-run` and the failure report show as `python -u SCRIPT ARGS` (launch/env.py).
 """
 

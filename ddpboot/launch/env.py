@@ -20,6 +20,7 @@ from ddpboot.contract import (
     LOCAL_RANK_VAR,
     RANK_STACKS_SIGNAL,
     STACKS_VAR,
+    nccl_init_file,
     stacks_file,
     stacks_spec,
 )
@@ -42,6 +43,13 @@ FLIGHT_RECORDER: tuple[tuple[tuple[tuple[str, tuple[int, int]], ...], str], ...]
     ((("TORCH_FR_DUMP_ON_TIMEOUT", (2, 15)), ("TORCH_NCCL_DUMP_ON_TIMEOUT", (0, 0))), "1"),
     ((("TORCH_FR_DUMP_TEMP_FILE", (2, 11)), ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (0, 0))), "{dir}/nccl_trace_rank_"),
 )
+
+
+# NCCL's init timings for the start-up waterfall (observe/startup.py), with --log-dir, for a GPU rank: NCCL's INIT
+# messages into a file beside the rank's error file. Unset, NCCL_DEBUG prints nothing, so the console is the same;
+# a user's NCCL_DEBUG, NCCL_DEBUG_SUBSYS or NCCL_DEBUG_FILE wins (ddpboot sets none of them then).
+NCCL_INIT_LOG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+NCCL_INIT_LOG_VARS = (*NCCL_INIT_LOG, "NCCL_DEBUG_FILE")
 
 
 def flight_recorder_name(names: Sequence[tuple[str, tuple[int, int]]], torch: tuple[int, int] | None) -> str:
@@ -104,6 +112,8 @@ def worker_vars(
         for names, value in FLIGHT_RECORDER:
             if not any(n in base for n, _ in names):
                 out[flight_recorder_name(names, ctx.torch)] = value.format(dir=ctx.trace_dir)
+        if slot.gpus and not any(n in base for n in NCCL_INIT_LOG_VARS):
+            out.update(NCCL_INIT_LOG, NCCL_DEBUG_FILE=str(nccl_init_file(error_file)))
     return out
 
 

@@ -28,12 +28,16 @@ from enum import Enum
 TYPE_CHECKING = False  # typing is not imported at run time: a rank's python need not have loaded it
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
     from types import ModuleType, TracebackType
     from typing import Any, NoReturn
 
 # ddpboot/contract.py's STACKS_VAR, written again (this file imports nothing of ddpboot): `SIGNO:PATH`, faulthandler
 # appends every thread's stack to PATH on signal SIGNO (the launcher's stack dumps; contract.register_stacks).
 STACKS_VAR = "DDPBOOT_STACKS"
+# ddpboot/contract.py's phases_file, written again: the file beside TORCHELASTIC_ERROR_FILE where a rank appends the
+# marks of its start-up (`NAME UNIX_TIME` lines, observe/startup.py reads them).
+PHASES_SUFFIX = ".phases"
 # torchrun's --run-path: runpy.run_path in a fresh interpreter, as __main__ (what the rank's command shows).
 RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
@@ -198,11 +202,107 @@ def register_stacks(value: str) -> None:
             faulthandler.register(int(signo), file=f, all_threads=True, chain=False)
 
 
+def record_phases(error_file: str) -> None:
+    """The start-up's marks, appended to the phases file beside `error_file` (none without one): `up` now, `torch`
+    once torch is imported, `cuda_start` and `cuda` around its first CUDA context (torch.cuda._lazy_init), `pg_start`
+    and `pg` around init_process_group. The wrappers step aside after their first call."""
+    if not error_file:
+        return
+    from time import time as clock
+
+    path = error_file + PHASES_SUFFIX
+
+    def mark(name: str) -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, f"{name} {clock():.6f}\n".encode())
+            finally:
+                os.close(fd)
+
+    mark("up")
+    if "torch" in sys.modules:  # a forked rank: its parent imported torch, which is there from its start
+        mark("torch")
+        _torch_loaded(sys.modules["torch"], mark)
+    else:
+        def loaded(torch: ModuleType) -> None:
+            mark("torch")
+            _torch_loaded(torch, mark)
+
+        sys.meta_path.insert(0, _AfterImport("torch", loaded))
+
+
+class _AfterImport:
+    """A meta path finder that calls `then(module)` once module `name` has been executed, then leaves."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], object]) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
+        if name != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run, then = loader.exec_module, self.then
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            with contextlib.suppress(Exception):
+                then(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _torch_loaded(torch: ModuleType, mark: Callable[[str], None]) -> None:
+    """Wrap torch.cuda._lazy_init and init_process_group (torch.distributed's and distributed_c10d's names)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and hasattr(cuda, "_lazy_init"):
+        _first_call("cuda", mark, [cuda], "_lazy_init", lambda: not cuda.is_initialized())
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group"):
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        _first_call("pg", mark, [dist, *([c10d] if c10d is not None else [])], "init_process_group")
+
+
+def _first_call(phase: str, mark: Callable[[str], None], homes: list[ModuleType], name: str,
+                pending: Callable[[], bool] = lambda: True) -> None:
+    """`NAME` of each of `homes` (where it is the same function) marks `PHASE_start` and, once it returned,
+    `PHASE` around its first call, if that call is `pending`; the first call puts the original back."""
+    import functools
+
+    original = getattr(homes[0], name)
+    homes = [m for m in homes if getattr(m, name, None) is original]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for m in homes:
+            setattr(m, name, original)
+        if not pending():
+            return original(*args, **kwargs)
+        mark(f"{phase}_start")
+        result = original(*args, **kwargs)
+        mark(phase)
+        return result
+
+    functools.update_wrapper(wrapper, original)
+    for m in homes:
+        setattr(m, name, wrapper)
+
+
 def run_execd(kind: str) -> None:
     """An exec'd rank (`python -u -c LAUNCH WORDS`, sys.argv `["-c", *WORDS]`): the stacks signal, then the target
     in the interpreter's own __main__. The interpreter itself ends the rank as it would have (SystemExit untouched; an
     uncaught exception re-raised, printed from the script's frame by a sys.excepthook that steps aside again)."""
     register_stacks(os.environ.get(STACKS_VAR, ""))
+    record_phases(os.environ.get("TORCHELASTIC_ERROR_FILE", ""))
     name, args = TargetKind(kind).target_of(sys.argv[1:])
     main = sys.modules["__main__"].__dict__
     done = _nothing
@@ -239,6 +339,7 @@ def run_forked(kind: str, name: str, args: Sequence[str]) -> NoReturn:
     target in a fresh __main__, then the rank ends as the interpreter would (`finish`), never returning into the
     frames of the process that forked it."""
     register_stacks(os.environ.get(STACKS_VAR, ""))
+    record_phases(os.environ.get("TORCHELASTIC_ERROR_FILE", ""))
     main = fresh_main()
     sys.modules["__main__"] = main
     done = _nothing

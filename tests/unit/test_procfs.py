@@ -105,3 +105,24 @@ def test_the_children_the_kernel_lists_a_zombie_and_a_threads_child_included(tmp
         started[0].kill()
         started[0].wait()
         zombie.wait()
+
+
+def test_peak_memory_cgroups_and_the_cpu_time_limit_of_a_child() -> None:
+    import resource
+
+    from ddpboot.procfs import cgroups, cpu_limit, peak_rss
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (50, 70))
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(64 << 20); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, preexec_fn=limit)
+    try:
+        assert wait_for(lambda: (peak_rss(child.pid) or 0) > 64 << 20, 30, "the child's 64 MiB")
+        assert cpu_limit(child.pid) == (50.0, 70.0)
+        assert cgroups(child.pid) == cgroups(os.getpid()) and cgroups(child.pid)
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait()
+    assert peak_rss(child.pid) is None and cgroups(child.pid) is None and cpu_limit(child.pid) is None
+    assert cpu_limit(os.getpid()) is not None

@@ -4,6 +4,10 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - watch.py: the launcher's watch hook (the node link: another node failed; an elastic round: a node waits);
 - gpuwatch.py: `--gpu-watch`, whose process is on which GPU, and the GPUs' health;
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
+- dstate.py: a rank stuck in the kernel (D state) while the job runs, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT;
+- death.py: why a rank died by a signal (the OOM killer, a limit, another process; why.py decides, memcg.py reads
+  the memory cgroups);
+- startup.py: the start-up waterfall, each rank's phases and the one slow rank (waterfall.py decides);
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
 - status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
@@ -13,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddpboot.launch.observe.base import Job, Observer
+from ddpboot.launch.observe.death import DeathCause
+from ddpboot.launch.observe.dstate import Uninterruptible
 from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
+from ddpboot.launch.observe.startup import Startup
 from ddpboot.launch.observe.status import RunStatus
 from ddpboot.launch.observe.watch import WatchHook
 
@@ -26,6 +33,9 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     GpuWatch.start,
     Stall.start,
     StackDumps.start,
+    Uninterruptible.start,  # after the dumps: its verdict line follows theirs
+    DeathCause.start,
+    Startup.start,
     RunStatus.start,  # last: it publishes what the others changed
 )
 """Who watches an attempt, in the order the loop asks them; each returns its observer, or None when it has nothing

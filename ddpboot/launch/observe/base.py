@@ -41,6 +41,7 @@ class Rank(Protocol):
     started: float  # the loop's clock
     ended: float | None
     status: int | None  # the wait status once reaped
+    signalled: list[str]  # what the launcher sent it while stopping (set when the attempt ends)
     error_file: Path
     out: RankStream
     err: RankStream
@@ -125,6 +126,18 @@ class Status(Protocol):
     def begin(self, attempt: int) -> None: ...
 
     def warn(self, text: str) -> None: ...
+
+    def explain(self, rank: int, text: str) -> None:
+        """Why `rank` died (observe/death.py): the summary's `why:` line, status.json's `cause`."""
+        ...
+
+    def phases(self, rank: int, table: dict[str, float]) -> None:
+        """`rank`'s start-up phases, seconds each (observe/startup.py): status.json's `phases`."""
+        ...
+
+    def phase(self, rank: int, name: str | None) -> None:
+        """The start-up phase `rank` is in now (None: its group is up): status.json's `phase`, top's column."""
+        ...
 
 
 @dataclass(frozen=True)

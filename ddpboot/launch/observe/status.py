@@ -55,6 +55,9 @@ class RankStatus:
     code: int | None  # its exit code once reaped
     last_output: float | None  # unix time
     bar: str | None  # the last state of its progress bar
+    cause: str | None = None  # why it died by a signal (observe/death.py), once known
+    phases: dict[str, float] | None = None  # its start-up's phases, seconds each (observe/startup.py), once known
+    phase: str | None = None  # the start-up phase it is in now (None: not known, or its process group is up)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class RunStatus(Observer):
         self.last_output: dict[int, float] = {}  # rank → wall time
         self.bars: dict[int, str] = {}  # rank → the last bar seen at a write
         self.warnings: list[str] = []
+        self.causes: dict[int, str] = {}  # rank → why it died by a signal (observe/death.py)
+        self.startup: dict[int, dict[str, float]] = {}  # rank → its start-up's phases (observe/startup.py)
+        self.current: dict[int, str] = {}  # rank → the start-up phase it is in now
         self.changed = False  # since the last write: output, an exit, a warning, a new attempt
         self.next_write = -float("inf")
         self.writes = 0
@@ -131,6 +137,9 @@ class RunStatus(Observer):
         self.attempt = attempt
         self.last_output.clear()
         self.bars.clear()
+        self.causes.clear()
+        self.startup.clear()
+        self.current.clear()
         self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
 
     def on_output(self, rank: int, data: bytes) -> None:
@@ -144,6 +153,22 @@ class RunStatus(Observer):
     def warn(self, text: str) -> None:
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(text)
+            self.changed = True
+
+    def explain(self, rank: int, text: str) -> None:
+        self.causes[rank] = text
+        self.changed = True
+
+    def phases(self, rank: int, table: dict[str, float]) -> None:
+        self.startup[rank] = dict(table)
+        self.changed = True
+
+    def phase(self, rank: int, name: str | None) -> None:
+        if self.current.get(rank) != name:
+            if name is None:
+                del self.current[rank]
+            else:
+                self.current[rank] = name
             self.changed = True
 
     def due(self, now: float) -> float | None:
@@ -178,6 +203,9 @@ class RunStatus(Observer):
                 code=w.code if w.status is not None else None,
                 last_output=self.last_output.get(w.slot.rank),
                 bar=self.bars.get(w.slot.rank),
+                cause=self.causes.get(w.slot.rank),
+                phases=self.startup.get(w.slot.rank),
+                phase=self.current.get(w.slot.rank),
             ))
         return StatusFile(VERSION, self.pid, self.start_time, self.run_id, self.node_rank, self.host, self.attempt,
                           self.world_size, self.wall(), tuple(ranks), tuple(self.warnings))

@@ -173,7 +173,8 @@ class Supervisor:
                                      procs.guardian_code is not None)
             if result.root is not None and result.restart_reason is None:
                 logs = None if self.temporary else self.paths.attempt(attempt).root
-                self.console.message(failure_summary(result, attempt, self.spec.max_restarts, logs))
+                cause = self.status.causes.get(result.root.slot.rank)
+                self.console.message(failure_summary(result, attempt, self.spec.max_restarts, logs, cause))
             if after_attempt(outcome, self.attempts) == "finish":
                 break
             self._end_leftovers()

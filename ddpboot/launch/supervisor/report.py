@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpboot.launch.logs import Console, read_error_file
+from ddpboot.launch.observe.death import written_by_ddpboot
 from ddpboot.launch.observe.stacks.behind import finding
 from ddpboot.launch.observe.stacks.collect import describe_gpus
 from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX
@@ -20,8 +21,10 @@ from ddpboot.units import plural
 SUMMARY_LINES = 20
 
 
-def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs: Path | None) -> str:
-    """The root cause of a failed attempt: which rank, how it ended, its traceback or last lines, the others."""
+def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs: Path | None,
+                    cause: str | None = None) -> str:
+    """The root cause of a failed attempt: which rank, how it ended (and why, `cause`: observe/death.py), its
+    traceback or last lines, the others."""
     root = result.root
     assert root is not None and root.status is not None
     slot = root.slot
@@ -33,6 +36,7 @@ def failure_summary(result: AttemptResult, attempt: int, max_restarts: int, logs
     lines = [
         f"ddpboot: rank {slot.rank} failed{when}: {describe_status(root.status)}",
         f"  local rank {slot.local_rank} · {describe_gpus(slot)} · pid {root.pid} · ran {ran:.2f} s",
+        *([f"  why: {cause}"] if cause else []),
         f"  command: {shlex.join(root.argv)}",
         *_root_output(root),
     ]
@@ -66,7 +70,7 @@ def _left_early(root: Worker, others: Sequence[Worker]) -> list[str]:
 
 
 def _root_output(root: Worker) -> list[str]:
-    recorded = read_error_file(root.error_file)
+    recorded = None if written_by_ddpboot(root.error_file) else read_error_file(root.error_file)
     if recorded:
         return ["  traceback (recorded by @record in TORCHELASTIC_ERROR_FILE):",
                 *("  | " + ln for ln in recorded.splitlines()[-60:])]

@@ -53,3 +53,17 @@ def test_a_job_without_gpus_has_no_gpu_column() -> None:
     st = status(tuple(replace(r, gpus=()) for r in RANKS))
     header = next(ln for ln in screen(st, 80) if ln.startswith("rank"))
     assert "GPU" not in header
+
+
+def test_a_starting_job_shows_each_rank_s_phase_and_a_started_one_no_phase_column() -> None:
+    from dataclasses import replace
+
+    starting = status(tuple(replace(r, phase="imports" if r.rank == 0 else None) for r in RANKS))
+    lines = screen(starting, 100)
+    header = next(ln for ln in lines if ln.startswith("rank"))
+    assert "phase" in header, header
+    [rank0] = [ln for ln in lines if ln.startswith("0 ")]
+    assert "imports" in rank0
+    assert "phase" not in next(ln for ln in screen(status(), 100) if ln.startswith("rank"))
+    narrow = next(ln for ln in screen(starting, 60) if ln.startswith("rank"))
+    assert "phase" in narrow, narrow  # the first column kept as the screen narrows

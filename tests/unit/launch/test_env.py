@@ -216,3 +216,18 @@ def test_the_torch_release_comes_from_the_package_metadata(monkeypatch: pytest.M
     assert installed_torch() is None
     monkeypatch.undo()
     installed_torch.cache_clear()
+
+
+def test_nccl_s_init_log_with_a_log_dir_for_a_gpu_rank_unless_the_user_set_nccl_debug() -> None:
+    from dataclasses import replace
+
+    traced = replace(CTX, trace_dir="/logs/run/attempt_0")
+    p = plan(1)
+    nccl = {k: v for k, v in worker_vars(p, p.ranks[0], traced, {}, "/e/rank0.error.json").items()
+            if k.startswith("NCCL_")}
+    assert nccl == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": "/e/rank0.error.json.nccl"}
+    assert not [k for k in worker_vars(p, p.ranks[0], CTX, {}, "/e") if k.startswith("NCCL_")]  # no --log-dir
+    cpu = plan(1, cpu=True)
+    assert not [k for k in worker_vars(cpu, cpu.ranks[0], traced, {}, "/e") if k.startswith("NCCL_")]
+    for mine in ({"NCCL_DEBUG": "WARN"}, {"NCCL_DEBUG_SUBSYS": "ALL"}, {"NCCL_DEBUG_FILE": "/x"}):
+        assert not [k for k in worker_vars(p, p.ranks[0], traced, mine, "/e") if k.startswith("NCCL_")], mine

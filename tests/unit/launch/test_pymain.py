@@ -80,4 +80,52 @@ def test_the_module_imports_nothing_but_the_standard_library() -> None:
     imported = {line.split()[1].split(".")[0] for line in source.splitlines()
                 if line.lstrip().startswith(("import ", "from ")) and " __future__ " not in line + " "}
     assert imported <= {"contextlib", "os", "sys", "enum", "collections", "types", "typing", "runpy",
-                        "faulthandler", "atexit", "signal", "__future__"}, imported
+                        "faulthandler", "atexit", "signal", "time", "functools", "importlib", "__future__"}, imported
+
+
+def test_the_phases_suffix_is_the_contracts() -> None:
+    from ddpboot.contract import phases_file
+
+    assert str(phases_file("/x/error.json")) == "/x/error.json" + pymain.PHASES_SUFFIX
+
+
+FAKE_TORCH = {
+    "torch/__init__.py": "import time\nfrom torch import cuda, distributed\ntime.sleep(0.3)\n",
+    "torch/cuda.py": "ready = []\ndef is_initialized():\n    return bool(ready)\n"
+                     "def _lazy_init():\n    if not ready:\n        __import__('time').sleep(0.2)\n"
+                     "        ready.append(1)\n",
+    "torch/distributed/__init__.py": "from torch.distributed.distributed_c10d import init_process_group\n",
+    "torch/distributed/distributed_c10d.py": "calls = []\ndef init_process_group(backend=None):\n"
+                                             "    'the docstring'\n    calls.append(backend)\n    return backend\n",
+}
+
+
+def test_a_rank_s_start_up_marks_around_torch_s_import_its_cuda_context_and_its_group(tmp_path: Path) -> None:
+    """A package named torch (the shape of torch's names) imported by a fresh interpreter after record_phases: the
+    marks in order, the wrappers gone after their first call, the functions' own names and results kept."""
+    import subprocess
+    import sys
+
+    for name, text in FAKE_TORCH.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    error_file = tmp_path / "error.json"
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); exec(open({pymain.__file__!r}).read()); "
+            f"record_phases({str(error_file)!r}); import torch, torch.distributed as dist; import time; "
+            "time.sleep(0.1); torch.cuda._lazy_init(); wrapped = dist.init_process_group; "
+            "assert wrapped.__doc__ == 'the docstring' and wrapped('gloo') == 'gloo'; "
+            "from torch.distributed import distributed_c10d as c; "
+            "assert dist.init_process_group is c.init_process_group is not wrapped; "
+            "assert torch.cuda._lazy_init.__module__ == 'torch.cuda' and not hasattr(torch.cuda._lazy_init, "
+            "'__wrapped__'); assert c.calls == ['gloo']")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    lines = [ln.split() for ln in (tmp_path / ("error.json" + pymain.PHASES_SUFFIX)).read_text().splitlines()]
+    names, times = [n for n, _ in lines], [float(t) for _, t in lines]
+    assert names == ["up", "torch", "cuda_start", "cuda", "pg_start", "pg"]
+    assert times == sorted(times) and times[1] - times[0] >= 0.3 and times[3] - times[2] >= 0.2
+
+
+def test_no_marks_without_an_error_file(tmp_path: Path) -> None:
+    before = list(__import__("sys").meta_path)
+    pymain.record_phases("")
+    assert __import__("sys").meta_path == before

@@ -8,8 +8,11 @@ from pathlib import Path
 
 from ddpboot.launch import observe
 from ddpboot.launch.observe.base import Answer, Observer, Running, using
+from ddpboot.launch.observe.death import DeathCause
+from ddpboot.launch.observe.dstate import Uninterruptible
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
+from ddpboot.launch.observe.startup import Startup
 from ddpboot.launch.observe.status import RunStatus, read_status
 from ddpboot.launch.observe.watch import WatchHook
 from ddpboot.launch.spec import Watch
@@ -50,6 +53,6 @@ def test_a_warning_is_said_and_kept_in_the_status_file(tmp_path: Path) -> None:
 def test_an_attempt_is_watched_by_what_its_options_ask_for(tmp_path: Path) -> None:
     clock = Clock()
     plain = observe.start(job(tmp_path, clock, []))  # no GPU, no --stall-timeout, no watch hook
-    assert [type(o) for o in plain] == [StackDumps, RunStatus]
+    assert [type(o) for o in plain] == [StackDumps, Uninterruptible, DeathCause, Startup, RunStatus]
     every = observe.start(job(tmp_path, clock, [], stall_timeout=60.0, watch=Watch(lambda: None)))
-    assert [type(o) for o in every] == [WatchHook, Stall, StackDumps, RunStatus]
+    assert [type(o) for o in every] == [WatchHook, Stall, StackDumps, Uninterruptible, DeathCause, Startup, RunStatus]

@@ -39,7 +39,7 @@ def test_the_json_snapshot_names_the_job_and_every_field_of_a_row() -> None:
         "job-7", 99, 1, 2, 0.5)
     first = data["ranks"][0]
     assert first == {"rank": 0, "local_rank": 0, "node": 1, "pid": 100, "state": "running", "cpu_percent": 75.0,
-                     "rss": 2 << 30, "since_output": 10.0, "progress": BAR,
+                     "rss": 2 << 30, "since_output": 10.0, "progress": BAR, "phase": None,
                      "gpus": [{"label": "0", "uuid": "GPU-a", "used_memory": 3 << 30, "memory_used": 40 << 30,
                                "memory_total": 80 << 30, "utilization": 93}]}
     assert data["warnings"] == ["ddpboot: gpu watch: pid 7 is odd"]
