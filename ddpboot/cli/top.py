@@ -59,7 +59,7 @@ def compact_bar(text: str) -> str:
 
 def columns(rows: list[Row]) -> list[Column]:
     """Every column but the progress bar's, which takes what the others leave (`render`). The GPU column only
-    when a rank has a GPU."""
+    when a rank has a GPU, the straggler's (`slow`) only when a rank is named."""
     cols = [
         Column("rank", [str(r.rank) for r in rows], keep=True),
         Column("node", [str(r.node) for r in rows]),
@@ -69,11 +69,15 @@ def columns(rows: list[Row]) -> list[Column]:
         Column("RSS", [_short(r.rss) if r.rss is not None else "-" for r in rows]),
         Column("GPU", [", ".join(gpu_cell(g) for g in r.gpus) or "-" for r in rows]),
         Column("quiet", [_seconds(r.quiet) for r in rows]),
+        Column("slow", [f"[red]{r.straggler}[/]" if r.straggler else "-" for r in rows]),
     ]
-    return cols if any(r.gpus for r in rows) else [c for c in cols if c.header != "GPU"]
+    hidden = {"GPU"} if not any(r.gpus for r in rows) else set()
+    if not any(r.straggler for r in rows):
+        hidden.add("slow")
+    return [c for c in cols if c.header not in hidden]
 
 
-PRIORITY = ["pid", "quiet", "CPU", "RSS", "GPU", "node"]  # the order columns are kept in as the width shrinks
+PRIORITY = ["slow", "pid", "quiet", "CPU", "RSS", "GPU", "node"]  # the order columns are kept in as the width shrinks
 
 
 def head_lines(status: StatusFile, width: int) -> str:

@@ -4,6 +4,7 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - watch.py: the launcher's watch hook (the node link: another node failed; an elastic round: a node waits);
 - gpuwatch.py: `--gpu-watch`, whose process is on which GPU, and the GPUs' health;
 - stall.py: `--stall-timeout`, no output, no exit, no busy CPU, the same stacks;
+- straggler.py: `--straggler-window`, a rank slower than the others, named while the job runs;
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
 - status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
@@ -17,6 +18,7 @@ from ddpboot.launch.observe.gpuwatch import GpuWatch
 from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
 from ddpboot.launch.observe.status import RunStatus
+from ddpboot.launch.observe.straggler import Stragglers
 from ddpboot.launch.observe.watch import WatchHook
 
 __all__ = ["OBSERVERS", "Job", "Observer", "start"]
@@ -26,6 +28,7 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     GpuWatch.start,
     Stall.start,
     StackDumps.start,
+    Stragglers.start,
     RunStatus.start,  # last: it publishes what the others changed
 )
 """Who watches an attempt, in the order the loop asks them; each returns its observer, or None when it has nothing

@@ -126,6 +126,10 @@ class Status(Protocol):
 
     def warn(self, text: str) -> None: ...
 
+    def straggler(self, rank: int | None, text: str | None) -> None:
+        """The rank named the straggler now (None: none), with what `ddpboot top` shows of it."""
+        ...
+
 
 @dataclass(frozen=True)
 class Job:

@@ -63,12 +63,14 @@ class Row:
     gpus: tuple[GpuUse, ...] = ()
     quiet: float | None = None  # seconds since its last output (None: no output yet)
     bar: str | None = None
+    straggler: str | None = None  # named the straggler: its CPU against the others' (observe/straggler.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "node": self.node, "pid": self.pid,
                 "state": self.state, "cpu_percent": None if self.cpu is None else round(self.cpu, 1),
                 "rss": self.rss, "gpus": [g.to_json() for g in self.gpus],
-                "since_output": None if self.quiet is None else round(self.quiet, 1), "progress": self.bar}
+                "since_output": None if self.quiet is None else round(self.quiet, 1), "progress": self.bar,
+                "straggler": self.straggler}
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def build_rows(status: StatusFile, before: Mapping[int, ProcReading | None],
             rank=entry.rank, local_rank=entry.local_rank, node=status.node_rank, pid=entry.pid, state=state,
             cpu=cpu_percent(before.get(entry.pid), proc, elapsed) if alive else None,
             rss=proc.rss if alive and proc is not None else None, gpus=tuple(uses),
-            quiet=max(wall - last, 0.0) if last is not None else None, bar=entry.bar,
+            quiet=max(wall - last, 0.0) if last is not None else None, bar=entry.bar, straggler=entry.straggler,
         ))
     return rows
 

@@ -55,6 +55,7 @@ class RankStatus:
     code: int | None  # its exit code once reaped
     last_output: float | None  # unix time
     bar: str | None  # the last state of its progress bar
+    straggler: str | None = None  # named the straggler (observe/straggler.py): its CPU against the others'
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class RunStatus(Observer):
         self.last_output: dict[int, float] = {}  # rank → wall time
         self.bars: dict[int, str] = {}  # rank → the last bar seen at a write
         self.warnings: list[str] = []
+        self.slow: tuple[int, str] | None = None  # the straggler named: its rank, what top shows
         self.changed = False  # since the last write: output, an exit, a warning, a new attempt
         self.next_write = -float("inf")
         self.writes = 0
@@ -131,6 +133,7 @@ class RunStatus(Observer):
         self.attempt = attempt
         self.last_output.clear()
         self.bars.clear()
+        self.slow = None
         self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
 
     def on_output(self, rank: int, data: bytes) -> None:
@@ -145,6 +148,10 @@ class RunStatus(Observer):
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(text)
             self.changed = True
+
+    def straggler(self, rank: int | None, text: str | None) -> None:
+        self.slow = None if rank is None or text is None else (rank, text)
+        self.changed = True
 
     def due(self, now: float) -> float | None:
         """When a change held back may be written (None: nothing to write)."""
@@ -178,6 +185,7 @@ class RunStatus(Observer):
                 code=w.code if w.status is not None else None,
                 last_output=self.last_output.get(w.slot.rank),
                 bar=self.bars.get(w.slot.rank),
+                straggler=self.slow[1] if self.slow is not None and self.slow[0] == w.slot.rank else None,
             ))
         return StatusFile(VERSION, self.pid, self.start_time, self.run_id, self.node_rank, self.host, self.attempt,
                           self.world_size, self.wall(), tuple(ranks), tuple(self.warnings))

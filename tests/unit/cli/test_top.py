@@ -53,3 +53,15 @@ def test_a_job_without_gpus_has_no_gpu_column() -> None:
     st = status(tuple(replace(r, gpus=()) for r in RANKS))
     header = next(ln for ln in screen(st, 80) if ln.startswith("rank"))
     assert "GPU" not in header
+
+
+def test_the_slow_column_only_when_a_rank_is_named_and_kept_first_as_the_width_shrinks() -> None:
+    from dataclasses import replace
+
+    assert "slow" not in next(ln for ln in screen(status(), 80) if ln.startswith("rank"))
+    st = status((RANKS[0], replace(RANKS[1], straggler="96% vs 16%"), *RANKS[2:]))
+    for width in (80, 52):  # at 52 only rank, state, slow and progress fit
+        lines = screen(st, width)
+        header = next(ln for ln in lines if ln.startswith("rank"))
+        assert "slow" in header and ("pid" in header) == (width == 80), lines
+        assert "96% vs 16%" in next(ln for ln in lines if ln.startswith("1 ")), lines

@@ -1,0 +1,157 @@
+"""Stragglers named while the job runs, with no change to the script (`--straggler-window`, default 10 s).
+
+In a job whose ranks meet in collectives (DDP's all_reduce), one slow rank makes every rank's step as long as its
+own, so the wall time of a step says nothing; what differs is how the time is spent: the slow rank computes while
+the others wait for it in the collective, and a rank that waits in gloo sleeps in the kernel (about 0.002 s of CPU
+a second, stall.py). So the launcher reads each running rank's CPU time from /proc (procfs, no help from the
+script) every fifth of the window, and the rule (`StragglerRule`, pure: samples in, what to say out) is:
+
+- one sample interval points at rank R when R used at least RATIO times as much CPU as every other rank and at
+  least GAP of a core more (the others wait: they would have used as much had they work to do; two slow ranks are
+  no straggler);
+- R is the straggler when every interval of the last window (SAMPLES of them) points at R: persistently, not one
+  spike. It is named once, with the average share of each over the window, and named again only when that changes:
+  another rank (named), or no rank for a whole window (said once: it keeps pace again).
+
+A rank that waits by spinning (NCCL's host thread in a CUDA synchronize with a core to spare) uses as much CPU as
+the one computing, so this rule names CPU stragglers and the ranks whose host side is slow; a rank slowed on its GPU
+alone is not told apart by CPU time. Each launcher compares the ranks of its own node.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running
+from ddpboot.procfs import read_stat
+
+SAMPLES = 5  # sample intervals in a window: a straggler points every one of them
+RATIO = 2.0  # the straggler used at least this many times any other rank's CPU ...
+GAP = 0.2  # ... and this much of a core more
+
+
+@dataclass(frozen=True)
+class Named:
+    """A change of straggler: `rank` (None: no rank any more, `before` was), with the window's averages."""
+
+    rank: int | None
+    share: float  # the straggler's CPU, in cores, averaged over the window (0 when rank is None)
+    others: float  # the other ranks' median, averaged
+    window: float  # seconds
+    before: int | None = None
+
+    def text(self, where: Callable[[int], str]) -> str:
+        if self.rank is None:
+            return (f"ddpboot: straggler: rank {self.before} keeps pace again (no rank was persistently slower over "
+                    f"the last {self.window:.1f} s)")
+        return (f"ddpboot: straggler: rank {self.rank} ({where(self.rank)}) is slower than the others: over the "
+                f"last {self.window:.1f} s it computed {self.share:.0%} of the time and the other ranks "
+                f"{self.others:.0%}, waiting for it (the ranks' CPU time)")
+
+    def cell(self) -> str:
+        """What `ddpboot top` and status.json say of the straggler."""
+        return f"{self.share:.0%} vs {self.others:.0%}"
+
+
+def leaning(shares: Mapping[int, float]) -> int | None:
+    """The rank one interval points at (shares: cores of CPU each rank used), or None."""
+    if len(shares) < 2:
+        return None
+    top = max(shares, key=lambda r: (shares[r], -r))
+    rest = max(s for r, s in shares.items() if r != top)
+    if shares[top] - rest >= GAP and shares[top] >= RATIO * rest:
+        return top
+    return None
+
+
+@dataclass
+class StragglerRule:
+    """The samples of one attempt (cumulative CPU seconds by rank, at the loop's clock) and the straggler named."""
+
+    window: float
+    last: tuple[float, dict[int, float]] | None = None
+    intervals: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # (seconds, shares), the newest
+    named: int | None = None
+
+    def observe(self, now: float, cpu: Mapping[int, float]) -> Named | None:
+        """One sample; what to say when the straggler changed (None: nothing)."""
+        before, self.last = self.last, (now, dict(cpu))
+        if before is None or now <= before[0]:
+            return None
+        dt = now - before[0]
+        shares = {r: max(c - before[1][r], 0.0) / dt for r, c in cpu.items() if r in before[1]}
+        self.intervals = [*self.intervals, (dt, shares)][-SAMPLES:]
+        if len(self.intervals) < SAMPLES:
+            return None
+        points = [leaning(s) for _, s in self.intervals]
+        if points[0] is not None and all(p == points[0] for p in points) and points[0] != self.named:
+            self.named = points[0]
+            return self._named(points[0])
+        if self.named is not None and self.named not in points:
+            gone, self.named = self.named, None
+            return Named(None, 0.0, 0.0, self._span(), before=gone)
+        return None
+
+    def _span(self) -> float:
+        return sum(dt for dt, _ in self.intervals)
+
+    def _named(self, rank: int) -> Named:
+        span = self._span()
+        share = sum(dt * s[rank] for dt, s in self.intervals) / span
+        others = sum(dt * statistics.median(v for r, v in s.items() if r != rank) for dt, s in self.intervals) / span
+        return Named(rank, share, others, span)
+
+
+def cpu_by_rank(workers: Sequence[Rank]) -> dict[int, float]:
+    """Each running rank's CPU seconds (user + system, every thread), by global rank."""
+    out = {}
+    for w in workers:
+        stat = read_stat(w.pid) if w.pid and w.status is None else None
+        if stat is not None:
+            out[w.slot.rank] = stat.cpu
+    return out
+
+
+class Stragglers(Observer):
+    """The rule fed every window / SAMPLES seconds with `sample`'s readings; what it names is said (and kept in
+    status.json through `mark`)."""
+
+    def __init__(self, window: float, now: float, sample: Callable[[Sequence[Rank]], dict[int, float]],
+                 say: Callable[[str], None], mark: Callable[[int | None, str | None], None],
+                 where: Callable[[int], str]) -> None:
+        self.rule = StragglerRule(window)
+        self.every = window / SAMPLES
+        self.next_sample = now
+        self.sample, self.say, self.mark, self.where = sample, say, mark, where
+        self.stopped = False
+
+    @classmethod
+    def start(cls, job: Job) -> Stragglers | None:
+        if not job.spec.straggler_window or len(job.plan.ranks) < 2:
+            return None
+        slots = {s.rank: s for s in job.plan.ranks}
+        node = job.plan.node_rank
+
+        def where(rank: int) -> str:
+            gpus = ", ".join(g.label for g in slots[rank].gpus)
+            return f"GPU {gpus}, node {node}" if gpus else f"node {node}"
+
+        return cls(job.spec.straggler_window, job.clock(), cpu_by_rank, job.say, job.status.straggler, where)
+
+    def due(self, now: float) -> float | None:
+        return None if self.stopped else self.next_sample
+
+    def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
+        if self.stopped or running.stopping:
+            self.stopped = True
+            return ()
+        if now < self.next_sample:
+            return ()
+        self.next_sample = now + self.every
+        named = self.rule.observe(now, self.sample(running.workers))
+        if named is not None:
+            self.say(named.text(self.where))
+            self.mark(named.rank, named.cell() if named.rank is not None else None)
+        return ()
