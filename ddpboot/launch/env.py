@@ -42,6 +42,11 @@ FLIGHT_RECORDER: tuple[tuple[tuple[tuple[str, tuple[int, int]], ...], str], ...]
     ((("TORCH_FR_DUMP_ON_TIMEOUT", (2, 15)), ("TORCH_NCCL_DUMP_ON_TIMEOUT", (0, 0))), "1"),
     ((("TORCH_FR_DUMP_TEMP_FILE", (2, 11)), ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (0, 0))), "{dir}/nccl_trace_rank_"),
 )
+STRAGGLER_NCCL_VAR = "DDPBOOT_STRAGGLER_NCCL"
+"""`1`: an NCCL job with --log-dir is watched for stragglers by its collectives' waits (observe/waits.py), for which
+the ranks get NCCL_WAITS too (a user's value of one wins)."""
+NCCL_WAITS = (("TORCH_NCCL_ENABLE_TIMING", "1"), ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "{dir}/nccl_pipe_rank_"))
+"""Each collective's time on the GPU, and a dump on demand, asked for through the rank's pipe."""
 
 
 def flight_recorder_name(names: Sequence[tuple[str, tuple[int, int]]], torch: tuple[int, int] | None) -> str:
@@ -104,6 +109,8 @@ def worker_vars(
         for names, value in FLIGHT_RECORDER:
             if not any(n in base for n, _ in names):
                 out[flight_recorder_name(names, ctx.torch)] = value.format(dir=ctx.trace_dir)
+        if base.get(STRAGGLER_NCCL_VAR) == "1":
+            out.update({name: value.format(dir=ctx.trace_dir) for name, value in NCCL_WAITS if name not in base})
     return out
 
 

@@ -24,12 +24,16 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ddpboot.launch.env import STRAGGLER_NCCL_VAR
 from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running
+from ddpboot.launch.observe.pace import SAMPLES, Change, persistent
+from ddpboot.launch.observe.waits import FlightWaits
 from ddpboot.procfs import read_stat
 
-SAMPLES = 5  # sample intervals in a window: a straggler points every one of them
 RATIO = 2.0  # the straggler used at least this many times any other rank's CPU ...
 GAP = 0.2  # ... and this much of a core more
+MIN_DUMP_INTERVAL = 2.0  # seconds between two dumps of NCCL's flight recorder at least (torch looks at its pipe
+# once a second)
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,11 @@ class StragglerRule:
         self.intervals = [*self.intervals, (dt, shares)][-SAMPLES:]
         if len(self.intervals) < SAMPLES:
             return None
-        points = [leaning(s) for _, s in self.intervals]
-        if points[0] is not None and all(p == points[0] for p in points) and points[0] != self.named:
-            self.named = points[0]
-            return self._named(points[0])
-        if self.named is not None and self.named not in points:
-            gone, self.named = self.named, None
-            return Named(None, 0.0, 0.0, self._span(), before=gone)
-        return None
+        changed, self.named = persistent([leaning(s) for _, s in self.intervals], self.named)
+        if changed is None:
+            return None
+        return self._named(self.named) if self.named is not None else Named(None, 0.0, 0.0, self._span(),
+                                                                             before=changed)
 
     def _span(self) -> float:
         return sum(dt for dt, _ in self.intervals)
@@ -114,22 +115,34 @@ def cpu_by_rank(workers: Sequence[Rank]) -> dict[int, float]:
     return out
 
 
-class Stragglers(Observer):
-    """The rule fed every window / SAMPLES seconds with `sample`'s readings; what it names is said (and kept in
-    status.json through `mark`)."""
+Judge = Callable[[float, Sequence[Rank]], Change | None]
+"""One sample of the running ranks at the loop's clock: what changed (None: nothing)."""
 
-    def __init__(self, window: float, now: float, sample: Callable[[Sequence[Rank]], dict[int, float]],
-                 say: Callable[[str], None], mark: Callable[[int | None, str | None], None],
-                 where: Callable[[int], str]) -> None:
-        self.rule = StragglerRule(window)
-        self.every = window / SAMPLES
+
+def by_cpu(window: float, sample: Callable[[Sequence[Rank]], dict[int, float]] = cpu_by_rank) -> Judge:
+    """The ranks' CPU time (`sample`) judged by StragglerRule."""
+    rule = StragglerRule(window)
+    return lambda now, workers: rule.observe(now, sample(workers))
+
+
+class Stragglers(Observer):
+    """A sample every window / SAMPLES seconds, judged by `judge` (the ranks' CPU time; an NCCL job with --log-dir:
+    its collectives' waits, waits.py); what changed is said (and kept in status.json through `mark`)."""
+
+    def __init__(self, every: float, now: float, judge: Judge, say: Callable[[str], None],
+                 mark: Callable[[int | None, str | None], None], where: Callable[[int], str],
+                 tidy: Callable[[], None] | None = None) -> None:
+        self.every = every
         self.next_sample = now
-        self.sample, self.say, self.mark, self.where = sample, say, mark, where
+        self.judge, self.say, self.mark, self.where = judge, say, mark, where
+        self.tidy = tidy  # at the end of an attempt whose every rank exited 0
         self.stopped = False
+        self.failed = False
 
     @classmethod
     def start(cls, job: Job) -> Stragglers | None:
-        if not job.spec.straggler_window or len(job.plan.ranks) < 2:
+        window = job.spec.straggler_window
+        if not window or len(job.plan.ranks) < 2:
             return None
         slots = {s.rank: s for s in job.plan.ranks}
         node = job.plan.node_rank
@@ -138,10 +151,22 @@ class Stragglers(Observer):
             gpus = ", ".join(g.label for g in slots[rank].gpus)
             return f"GPU {gpus}, node {node}" if gpus else f"node {node}"
 
-        return cls(job.spec.straggler_window, job.clock(), cpu_by_rank, job.say, job.status.straggler, where)
+        every = window / SAMPLES
+        if job.plan.backend == "nccl" and not job.temporary and job.env.get(STRAGGLER_NCCL_VAR) == "1":
+            flight = FlightWaits(job.paths.attempt(job.attempt).root)
+            return cls(max(every, MIN_DUMP_INTERVAL), job.clock(), flight.look, job.say, job.status.straggler, where,
+                       flight.tidy)
+        return cls(every, job.clock(), by_cpu(window), job.say, job.status.straggler, where)
 
     def due(self, now: float) -> float | None:
         return None if self.stopped else self.next_sample
+
+    def on_exit(self, worker: Rank) -> None:
+        self.failed = self.failed or worker.code != 0
+
+    def close(self) -> None:
+        if self.tidy is not None and not self.failed:
+            self.tidy()
 
     def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
         if self.stopped or running.stopping:
@@ -150,8 +175,8 @@ class Stragglers(Observer):
         if now < self.next_sample:
             return ()
         self.next_sample = now + self.every
-        named = self.rule.observe(now, self.sample(running.workers))
-        if named is not None:
-            self.say(named.text(self.where))
-            self.mark(named.rank, named.cell() if named.rank is not None else None)
+        changed = self.judge(now, running.workers)
+        if changed is not None:
+            self.say(changed.text(self.where))
+            self.mark(changed.rank, changed.cell() if changed.rank is not None else None)
         return ()

@@ -11,7 +11,7 @@ import pytest
 
 from ddpboot.launch.observe.base import Rank
 from ddpboot.launch.observe.status import RunStatus
-from ddpboot.launch.observe.straggler import SAMPLES, Named, StragglerRule, Stragglers, leaning
+from ddpboot.launch.observe.straggler import SAMPLES, Named, StragglerRule, Stragglers, by_cpu, leaning
 from tests.unit.launch.observe.jobs import Attempt, Clock, gpu, job, slot, worker
 
 
@@ -141,7 +141,7 @@ def test_the_observer_samples_a_fifth_of_the_window_apart_and_says_and_marks_the
     watch = Stragglers.start(j)
     assert watch is not None and watch.due(100.0) == 100.0
     cpu = Cpu()
-    watch.sample = cpu
+    watch.judge = by_cpu(5.0, cpu)
     attempt = Attempt([worker(0, 11, (gpu(0),), tmp_path), worker(1, 12, (gpu(1),), tmp_path)])
     assert isinstance(j.status, RunStatus)
     j.status.begin(0)
@@ -170,6 +170,6 @@ def test_no_observer_when_off_or_alone_and_none_once_the_attempt_stops(tmp_path:
     watch = Stragglers.start(job(tmp_path, clock, [], straggler_window=5.0))
     assert watch is not None
     cpu = Cpu()
-    watch.sample = cpu
+    watch.judge = by_cpu(5.0, cpu)
     assert watch.on_wake(100.0, Attempt(stopping=True)) == ()
     assert watch.due(101.0) is None and cpu.reads == 0
