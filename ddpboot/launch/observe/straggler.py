@@ -15,7 +15,8 @@ script) every fifth of the window, and the rule (`StragglerRule`, pure: samples 
 
 A rank that waits by spinning (NCCL's host thread in a CUDA synchronize with a core to spare) uses as much CPU as
 the one computing, so this rule names CPU stragglers and the ranks whose host side is slow; a rank slowed on its GPU
-alone is not told apart by CPU time. Each launcher compares the ranks of its own node.
+alone is not told apart by CPU time: for an NCCL job with --log-dir, DDPBOOT_STRAGGLER_NCCL=1 judges by the
+collectives' durations instead (waits.py). Each launcher compares the ranks of its own node.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from dataclasses import dataclass, field
 
 from ddpboot.launch.env import STRAGGLER_NCCL_VAR
 from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running
-from ddpboot.launch.observe.pace import SAMPLES, Change, persistent
+from ddpboot.launch.observe.pace import RATIO, SAMPLES, Change, persistent
 from ddpboot.launch.observe.waits import FlightWaits
 from ddpboot.procfs import read_stat
 
-RATIO = 2.0  # the straggler used at least this many times any other rank's CPU ...
-GAP = 0.2  # ... and this much of a core more
+GAP = 0.2  # the straggler used RATIO times any other rank's CPU and this much of a core more
 MIN_DUMP_INTERVAL = 2.0  # seconds between two dumps of NCCL's flight recorder at least (torch looks at its pipe
 # once a second)
 
@@ -74,7 +74,6 @@ def leaning(shares: Mapping[int, float]) -> int | None:
 class StragglerRule:
     """The samples of one attempt (cumulative CPU seconds by rank, at the loop's clock) and the straggler named."""
 
-    window: float
     last: tuple[float, dict[int, float]] | None = None
     intervals: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # (seconds, shares), the newest
     named: int | None = None
@@ -119,9 +118,9 @@ Judge = Callable[[float, Sequence[Rank]], Change | None]
 """One sample of the running ranks at the loop's clock: what changed (None: nothing)."""
 
 
-def by_cpu(window: float, sample: Callable[[Sequence[Rank]], dict[int, float]] = cpu_by_rank) -> Judge:
+def by_cpu(sample: Callable[[Sequence[Rank]], dict[int, float]] = cpu_by_rank) -> Judge:
     """The ranks' CPU time (`sample`) judged by StragglerRule."""
-    rule = StragglerRule(window)
+    rule = StragglerRule()
     return lambda now, workers: rule.observe(now, sample(workers))
 
 
@@ -156,7 +155,7 @@ class Stragglers(Observer):
             flight = FlightWaits(job.paths.attempt(job.attempt).root)
             return cls(max(every, MIN_DUMP_INTERVAL), job.clock(), flight.look, job.say, job.status.straggler, where,
                        flight.tidy)
-        return cls(every, job.clock(), by_cpu(window), job.say, job.status.straggler, where)
+        return cls(every, job.clock(), by_cpu(), job.say, job.status.straggler, where)
 
     def due(self, now: float) -> float | None:
         return None if self.stopped else self.next_sample

@@ -46,7 +46,7 @@ def feed(rule: StragglerRule, start: float, steps: int, shares: dict[int, float]
 
 
 def test_a_rank_slower_over_a_whole_window_is_named_once() -> None:
-    rule, cpu = StragglerRule(5.0), {0: 0.0, 1: 0.0}
+    rule, cpu = StragglerRule(), {0: 0.0, 1: 0.0}
     assert rule.observe(0.0, dict(cpu)) is None
     assert feed(rule, 0.0, SAMPLES - 1, {0: 0.16, 1: 0.96}, cpu) == []  # not a whole window yet
     said = feed(rule, SAMPLES - 1.0, 1, {0: 0.16, 1: 0.96}, cpu)
@@ -59,7 +59,7 @@ def test_a_rank_slower_over_a_whole_window_is_named_once() -> None:
 
 
 def test_one_spike_is_not_a_straggler() -> None:
-    rule, cpu = StragglerRule(5.0), {0: 0.0, 1: 0.0}
+    rule, cpu = StragglerRule(), {0: 0.0, 1: 0.0}
     rule.observe(0.0, dict(cpu))
     for t in range(0, 30, SAMPLES):  # one slow interval in every window, the rest even
         assert feed(rule, t, 1, {0: 0.1, 1: 1.0}, cpu) == []
@@ -68,14 +68,14 @@ def test_one_spike_is_not_a_straggler() -> None:
 
 
 def test_even_ranks_are_never_named() -> None:
-    rule, cpu = StragglerRule(5.0), {0: 0.0, 1: 0.0, 2: 0.0}
+    rule, cpu = StragglerRule(), {0: 0.0, 1: 0.0, 2: 0.0}
     rule.observe(0.0, dict(cpu))
     assert feed(rule, 0.0, 50, {0: 0.9, 1: 0.85, 2: 0.95}, cpu) == []
     assert feed(rule, 50.0, 50, {0: 0.002, 1: 0.002, 2: 0.002}, cpu) == []  # all waiting (the store, a barrier)
 
 
 def test_the_straggler_is_named_again_only_when_it_changes() -> None:
-    rule, cpu = StragglerRule(5.0), {0: 0.0, 1: 0.0, 2: 0.0}
+    rule, cpu = StragglerRule(), {0: 0.0, 1: 0.0, 2: 0.0}
     rule.observe(0.0, dict(cpu))
     assert [n.rank for n in feed(rule, 0.0, 10, {0: 0.1, 1: 0.9, 2: 0.1}, cpu)] == [1]
     # rank 2 takes over: named once its whole window points at it
@@ -91,7 +91,7 @@ def test_the_straggler_is_named_again_only_when_it_changes() -> None:
 
 
 def test_a_straggler_with_intervals_between_stays_named() -> None:
-    rule, cpu = StragglerRule(5.0), {0: 0.0, 1: 0.0}
+    rule, cpu = StragglerRule(), {0: 0.0, 1: 0.0}
     rule.observe(0.0, dict(cpu))
     assert len(feed(rule, 0.0, SAMPLES, {0: 0.1, 1: 0.9}, cpu)) == 1
     for t in range(SAMPLES, 40, 2):  # even one interval in two: rank 1 still in every window
@@ -100,7 +100,7 @@ def test_a_straggler_with_intervals_between_stays_named() -> None:
 
 
 def test_a_rank_that_leaves_or_arrives_is_compared_from_its_second_sample() -> None:
-    rule = StragglerRule(5.0)
+    rule = StragglerRule()
     rule.observe(0.0, {0: 0.0})
     assert rule.observe(1.0, {0: 1.0, 1: 50.0}) is None  # rank 1's first sample: its 50 s count for nothing
     cpu = {0: 1.0, 1: 50.0}
@@ -110,7 +110,7 @@ def test_a_rank_that_leaves_or_arrives_is_compared_from_its_second_sample() -> N
 
 
 def test_the_window_averages_weigh_each_interval_by_its_length() -> None:
-    rule = StragglerRule(5.0)
+    rule = StragglerRule()
     rule.observe(0.0, {0: 0.0, 1: 0.0})
     t, cpu = 0.0, {0: 0.0, 1: 0.0}
     named = None
@@ -141,7 +141,7 @@ def test_the_observer_samples_a_fifth_of_the_window_apart_and_says_and_marks_the
     watch = Stragglers.start(j)
     assert watch is not None and watch.due(100.0) == 100.0
     cpu = Cpu()
-    watch.judge = by_cpu(5.0, cpu)
+    watch.judge = by_cpu(cpu)
     attempt = Attempt([worker(0, 11, (gpu(0),), tmp_path), worker(1, 12, (gpu(1),), tmp_path)])
     assert isinstance(j.status, RunStatus)
     j.status.begin(0)
@@ -170,6 +170,6 @@ def test_no_observer_when_off_or_alone_and_none_once_the_attempt_stops(tmp_path:
     watch = Stragglers.start(job(tmp_path, clock, [], straggler_window=5.0))
     assert watch is not None
     cpu = Cpu()
-    watch.judge = by_cpu(5.0, cpu)
+    watch.judge = by_cpu(cpu)
     assert watch.on_wake(100.0, Attempt(stopping=True)) == ()
     assert watch.due(101.0) is None and cpu.reads == 0
