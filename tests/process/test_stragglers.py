@@ -1,6 +1,6 @@
 """Stragglers named while a real 2-rank gloo job runs: rank 1 computing six times as long as rank 0 before each
 all_reduce is named on the console, in status.json and in `ddpboot top --json` while the job runs; even ranks are
-never named."""
+never named; across two nodes (two launchers on this machine, one rank each), node 0 names node 1's rank."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from tests.support import SCRIPTS, TIMEOUT, clean_env, finish, run_ddpboot, start_launcher, stderr_until
+from tests.support import SCRIPTS, TIMEOUT, clean_env, finish, free_port, run_ddpboot, start_launcher, stderr_until
 
 JOB = str(SCRIPTS / "straggler_job.py")
 NAMED = "ddpboot: straggler: rank 1 (node 0) is slower than the others"
@@ -44,3 +44,18 @@ def test_even_ranks_are_not_named(tmp_path: Path) -> None:
     code, out, err = finish(proc)
     assert code == 0 and out.count("40 steps") == 2, (out, err)
     assert "straggler" not in err, err
+
+
+def test_node_0_names_a_slow_rank_of_another_node_through_the_store(tmp_path: Path) -> None:
+    port = free_port()
+    procs = [start_launcher(["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                             str(port), "--nproc", "1", "--cpu", "--straggler-window", "3", JOB, "slow"], clean_env())
+             for node in (0, 1)]
+    lines = stderr_until(procs[0], lambda got: any(line.startswith("ddpboot: straggler:") for line in got), TIMEOUT)
+    running = procs[0].poll() is None
+    (code0, _, err0), (code1, _, err1) = finish(procs[0]), finish(procs[1])
+    said = [line for line in lines + err0.splitlines() if line.startswith("ddpboot: straggler:")]
+    assert (code0, code1) == (0, 0), (lines, err0, err1)
+    assert running and said, lines
+    assert said[0].startswith("ddpboot: straggler: rank 1 (node 1) is slower than the others"), said
+    assert "ddpboot: straggler:" not in err1  # node 0 speaks for the job

@@ -16,7 +16,8 @@ script) every fifth of the window, and the rule (`StragglerRule`, pure: samples 
 A rank that waits by spinning (NCCL's host thread in a CUDA synchronize with a core to spare) uses as much CPU as
 the one computing, so this rule names CPU stragglers and the ranks whose host side is slow; a rank slowed on its GPU
 alone is not told apart by CPU time: for an NCCL job with --log-dir, DDPBOOT_STRAGGLER_NCCL=1 judges by the
-collectives' durations instead (waits.py). Each launcher compares the ranks of its own node.
+collectives' durations instead (waits.py), node by node. On several nodes node 0 compares the ranks of every
+node through its store (across.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddpboot.launch.env import STRAGGLER_NCCL_VAR
+from ddpboot.launch.observe.across import Across
 from ddpboot.launch.observe.base import Answer, Job, Observer, Rank, Running
 from ddpboot.launch.observe.pace import RATIO, SAMPLES, Change, persistent
 from ddpboot.launch.observe.waits import FlightWaits
@@ -80,12 +82,21 @@ class StragglerRule:
 
     def observe(self, now: float, cpu: Mapping[int, float]) -> Named | None:
         """One sample; what to say when the straggler changed (None: nothing)."""
+        got = self.interval(now, cpu)
+        return None if got is None else self.add(*got)
+
+    def interval(self, now: float, cpu: Mapping[int, float]) -> tuple[float, dict[int, float]] | None:
+        """One sample: the interval since the last one (seconds, and each rank's share of a core), None for the
+        first sample or no time passed."""
         before, self.last = self.last, (now, dict(cpu))
         if before is None or now <= before[0]:
             return None
         dt = now - before[0]
-        shares = {r: max(c - before[1][r], 0.0) / dt for r, c in cpu.items() if r in before[1]}
-        self.intervals = [*self.intervals, (dt, shares)][-SAMPLES:]
+        return dt, {r: max(c - before[1][r], 0.0) / dt for r, c in cpu.items() if r in before[1]}
+
+    def add(self, dt: float, shares: Mapping[int, float]) -> Named | None:
+        """One interval (of this node's ranks, or node 0's of every node's); what changed (None: nothing)."""
+        self.intervals = [*self.intervals, (dt, dict(shares))][-SAMPLES:]
         if len(self.intervals) < SAMPLES:
             return None
         changed, self.named = persistent([leaning(s) for _, s in self.intervals], self.named)
@@ -118,10 +129,19 @@ Judge = Callable[[float, Sequence[Rank]], Change | None]
 """One sample of the running ranks at the loop's clock: what changed (None: nothing)."""
 
 
-def by_cpu(sample: Callable[[Sequence[Rank]], dict[int, float]] = cpu_by_rank) -> Judge:
-    """The ranks' CPU time (`sample`) judged by StragglerRule."""
+def by_cpu(sample: Callable[[Sequence[Rank]], dict[int, float]] = cpu_by_rank, across: Across | None = None) -> Judge:
+    """The ranks' CPU time (`sample`) judged by StragglerRule: this node's, or with `across` (several nodes) every
+    node's by node 0, the other nodes publishing theirs."""
     rule = StragglerRule()
-    return lambda now, workers: rule.observe(now, sample(workers))
+
+    def judge(now: float, workers: Sequence[Rank]) -> Named | None:
+        got = rule.interval(now, sample(workers))
+        if got is None:
+            return None
+        shares = got[1] if across is None else across.exchange(got[1])
+        return None if shares is None else rule.add(got[0], shares)
+
+    return judge
 
 
 class Stragglers(Observer):
@@ -130,32 +150,36 @@ class Stragglers(Observer):
 
     def __init__(self, every: float, now: float, judge: Judge, say: Callable[[str], None],
                  mark: Callable[[int | None, str | None], None], where: Callable[[int], str],
-                 tidy: Callable[[], None] | None = None) -> None:
+                 tidy: Callable[[], None] | None = None, across: Across | None = None) -> None:
         self.every = every
         self.next_sample = now
         self.judge, self.say, self.mark, self.where = judge, say, mark, where
         self.tidy = tidy  # at the end of an attempt whose every rank exited 0
+        self.across = across  # several nodes: node 0 compares every node's ranks
         self.stopped = False
         self.failed = False
 
     @classmethod
     def start(cls, job: Job) -> Stragglers | None:
         window = job.spec.straggler_window
-        if not window or len(job.plan.ranks) < 2:
+        if not window or (len(job.plan.ranks) < 2 and job.plan.nnodes < 2):
             return None
         slots = {s.rank: s for s in job.plan.ranks}
         node = job.plan.node_rank
+        across = Across.start(job)
 
         def where(rank: int) -> str:
+            if rank not in slots:  # another node's (node 0 compares every node's ranks)
+                return f"node {across.nodes.get(rank, '?') if across is not None else '?'}"
             gpus = ", ".join(g.label for g in slots[rank].gpus)
             return f"GPU {gpus}, node {node}" if gpus else f"node {node}"
 
         every = window / SAMPLES
         if job.plan.backend == "nccl" and not job.temporary and job.env.get(STRAGGLER_NCCL_VAR) == "1":
-            flight = FlightWaits(job.paths.attempt(job.attempt).root)
+            flight = FlightWaits(job.paths.attempt(job.attempt).root)  # this node's ranks
             return cls(max(every, MIN_DUMP_INTERVAL), job.clock(), flight.look, job.say, job.status.straggler, where,
                        flight.tidy)
-        return cls(every, job.clock(), by_cpu(), job.say, job.status.straggler, where)
+        return cls(every, job.clock(), by_cpu(across=across), job.say, job.status.straggler, where, across=across)
 
     def due(self, now: float) -> float | None:
         return None if self.stopped else self.next_sample
@@ -166,6 +190,7 @@ class Stragglers(Observer):
     def close(self) -> None:
         if self.tidy is not None and not self.failed:
             self.tidy()
+
 
     def on_wake(self, now: float, running: Running) -> Sequence[Answer]:
         if self.stopped or running.stopping:
