@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ddpboot.launch.observe.base import Job
 from ddpboot.tcpstore.client import StoreClient
 
-CONNECT = 2.0  # seconds to reach the store
+CONNECT = 0.5  # seconds to reach the store (once: a store that went ends the tries; the loop waits no longer)
 STALE = 3  # node 0's samples without a new one from a node before its ranks are left out
 
 
