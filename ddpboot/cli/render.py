@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpboot.cli.output import console, escape
 from ddpboot.selection.affinity import format_cpu_list
+from ddpboot.selection.ledger import Mark
 from ddpboot.selection.locks import Holder
 from ddpboot.units import format_size, short_uuid
 
@@ -191,9 +192,12 @@ def render_plan(plan: Plan, wide: bool = False) -> None:
 
 
 def gpu_state(rec: dict[str, Any]) -> str:
-    """What `ddpboot gpus` says about one GPU: locked (by whom), not visible, excluded, busy (why), or free."""
+    """What `ddpboot gpus` says about one GPU: failing (why, when, which job), locked (by whom), not visible,
+    excluded, busy (why), or free."""
     if rec.get("mig_devices"):
         return "MIG mode"
+    if rec.get("failing"):  # the whole mark is said under the table
+        return "[bold red]failing[/] (" + escape(rec["failing"]["reason"].partition(" (")[0]) + ")"
     if rec["locked"]:
         h = rec["locked_by"]
         return f"[magenta]locked[/] by {escape(Holder(**h).describe())}"
@@ -232,6 +236,9 @@ def render_gpus(records: list[dict[str, Any]], inventory: Inventory, wide: bool 
     keep = {"GPU", "state"}
     optional = ["memory used", "util", "procs", "UUID", "name", "PCI bus id"]
     print_table([Column(h, cells[h], h in keep) for h in headers], optional, wide)
+    for rec in [r for r in records if r.get("failing")]:
+        con.print(f"[bold red]failing:[/] GPU {rec['index']}: {escape(Mark(**rec['failing']).describe())}; "
+                  f"`ddpboot gpus --clear {rec['index']}` clears the mark", soft_wrap=True)
     for note in inventory.notes:
         con.print(f"[yellow]note:[/] {escape(note)}")
 

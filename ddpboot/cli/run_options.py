@@ -115,6 +115,10 @@ RUN = OptionGroup("own", RunOptions, [
     opt("gpu_watch_interval", "--gpu-watch-interval", panel=_SUP, metavar="TIME",
         help="How often --gpu-watch reads the GPUs' processes: seconds, or with a unit. Default "
         f"{RunOptions.gpu_watch_interval}."),
+    opt("straggler_window", "--straggler-window", panel=_SUP, metavar="TIME",
+        help="Name a rank that is slower than the others of its node (it computes while they wait for it, by their "
+        "CPU time) once it has been for this long: seconds, or with a unit; 0 turns it off. Default "
+        f"{RunOptions.straggler_window}."),
     opt("signals_to_handle", "--signals-to-handle", "--signals_to_handle", env="PET_SIGNALS_TO_HANDLE",
         panel=_SUP, metavar="SIGNALS",
         help="Signals forwarded to every worker's process group. INT, TERM, HUP and QUIT also stop the job (a second "

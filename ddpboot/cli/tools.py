@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
@@ -21,8 +22,10 @@ from ddpboot.errors import UsageError
 from ddpboot.launch import preview, runner
 from ddpboot.launch.config import HostOptions, NodeOptions, Request, SelectionOptions, build_plan, parse_selection
 from ddpboot.selection.gpu import GPU, Inventory
-from ddpboot.selection.gpu_list import resolve_list
+from ddpboot.selection.gpu_list import parse_gpu_list, resolve_list
 from ddpboot.selection.inventory import load_inventory
+from ddpboot.selection.ledger import clear as ledger_clear
+from ddpboot.selection.ledger import failing
 from ddpboot.selection.locks import current_holders, lock_dir
 from ddpboot.selection.planner import Plan, busy_reasons
 from ddpboot.selection.visible import resolve_visible
@@ -65,10 +68,12 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
     visible = resolve_visible(inventory, env)
     excluded = {u.uuid for u in resolve_list(req.exclude, inventory, "--exclude")} if req.exclude else set()
     holders = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
+    marks = failing([u.uuid for u in inventory.units()], lock_dir(env))
     out = []
 
     def record(unit: GPU) -> dict[str, Any]:
-        reasons = busy_reasons(unit, req)
+        mark = marks.get(unit.uuid)
+        reasons = busy_reasons(unit, req, failing={unit.uuid: mark.describe()} if mark else None)
         holder = holders.get(unit.uuid)
         rec = unit.to_json()
         rec.update(
@@ -82,6 +87,7 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
             excluded=unit.uuid in excluded,
             locked=holder is not None,
             locked_by=holder.__dict__ if holder else None,
+            failing=asdict(mark) if mark else None,
         )
         return rec
 
@@ -91,6 +97,21 @@ def gpu_states(inventory: Inventory, req: Request, env: Mapping[str, str]) -> li
             rec["mig_devices"] = [record(m) for m in gpu.mig_devices]
         out.append(rec)
     return out
+
+
+def clear_marks(inventory: Inventory, text: str, env: Mapping[str, str]) -> None:
+    """`ddpboot gpus --clear GPUS`: each GPU's failing mark removed (selection/ledger.py), said GPU by GPU."""
+    units = resolve_list(parse_gpu_list(text, "--clear"), inventory, "--clear")
+    directory = lock_dir(env)
+    for unit in units:
+        try:
+            was = ledger_clear(directory, unit.uuid)
+        except OSError as exc:
+            mark = failing([unit.uuid], directory).get(unit.uuid)
+            who = f" (written by {mark.user})" if mark else ""
+            raise UsageError(f"--clear {text}: cannot clear GPU {unit.label}'s failing mark{who} in {directory}: "
+                             f"{exc.strerror}. Only the user who wrote it, or root, can clear it.") from None
+        print(f"GPU {unit.label}: " + (f"failing mark cleared ({was.describe()})" if was else "was not marked failing"))
 
 
 JobArgument = Annotated[
@@ -148,11 +169,17 @@ def gpus_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as one JSON object.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show every column, with full UUIDs (cut to 12 characters "
                                        "otherwise): one block per GPU where the table does not fit.")] = False,
+    clear: Annotated[str | None, typer.Option("--clear", metavar="GPUS", help="Clear the failing mark of these GPUs "
+                                              "(indices, UUIDs, as --gpus takes them): later jobs choose them "
+                                              "again.")] = None,
 ) -> None:
-    """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, excluded or not visible."""
+    """List the machine's GPUs (NVML, or DDPBOOT_FAKE_GPUS): free, busy, failing, excluded or not visible."""
     env = os.environ
     req = parse_selection(selection)
     inventory = load_inventory(env)
+    if clear is not None:
+        clear_marks(inventory, clear, env)
+        return
     records = gpu_states(inventory, req, env)
     if as_json:
         print(json.dumps({"gpus": records, "source": inventory.source, "notes": list(inventory.notes)}, indent=2))

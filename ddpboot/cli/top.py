@@ -59,7 +59,8 @@ def compact_bar(text: str) -> str:
 
 def columns(rows: list[Row]) -> list[Column]:
     """Every column but the progress bar's, which takes what the others leave (`render`). The GPU column only
-    when a rank has a GPU, the start-up's phase only while a rank starts."""
+    when a rank has a GPU, the start-up's phase only while a rank starts, the straggler's (`slow`) only when a
+    rank is named."""
     cols = [
         Column("rank", [str(r.rank) for r in rows], keep=True),
         Column("node", [str(r.node) for r in rows]),
@@ -70,14 +71,18 @@ def columns(rows: list[Row]) -> list[Column]:
         Column("GPU", [", ".join(gpu_cell(g) for g in r.gpus) or "-" for r in rows]),
         Column("quiet", [_seconds(r.quiet) for r in rows]),
         Column("phase", [r.phase or "-" for r in rows]),
+        Column("slow", [f"[red]{r.straggler}[/]" if r.straggler else "-" for r in rows]),
     ]
     drop = {"GPU"} if not any(r.gpus for r in rows) else set()
     if not any(r.phase for r in rows):  # the start-up's phase only while a rank starts
         drop.add("phase")
+    if not any(r.straggler for r in rows):  # the straggler's only when a rank is named
+        drop.add("slow")
     return [c for c in cols if c.header not in drop]
 
 
-PRIORITY = ["phase", "pid", "quiet", "CPU", "RSS", "GPU", "node"]  # the order columns are kept in as the width shrinks
+# the order columns are kept in as the width shrinks
+PRIORITY = ["slow", "phase", "pid", "quiet", "CPU", "RSS", "GPU", "node"]
 
 
 def head_lines(status: StatusFile, width: int) -> str:

@@ -132,6 +132,7 @@ class RunOptions:
     stall_timeout: str | float | None = None
     gpu_watch: str = WatchMode.WARN.value
     gpu_watch_interval: str | float = "5"
+    straggler_window: str | float = "10"
     signals_to_handle: str = DEFAULT_SIGNALS
     start_method: str = StartMethod.SPAWN.value
     role: str = "default"
@@ -318,11 +319,12 @@ def supervision(o: RunOptions) -> Supervision:
     stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout", allow_zero=False)
     watch = WatchMode.parse(o.gpu_watch, "--gpu-watch")
     watch_every = parse_duration(o.gpu_watch_interval, "--gpu-watch-interval", allow_zero=False)
+    straggler = parse_duration(o.straggler_window, "--straggler-window")
     if o.max_restarts < 0:
         raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
     return Supervision(role=o.role, max_restarts=o.max_restarts, shutdown_timeout=shutdown, monitor_interval=monitor,
                        stall_timeout=stall, gpu_watch=watch, gpu_watch_interval=watch_every, signals=signals,
-                       store=store)
+                       store=store, straggler_window=straggler)
 
 
 def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfig:

@@ -43,6 +43,11 @@ FLIGHT_RECORDER: tuple[tuple[tuple[tuple[str, tuple[int, int]], ...], str], ...]
     ((("TORCH_FR_DUMP_ON_TIMEOUT", (2, 15)), ("TORCH_NCCL_DUMP_ON_TIMEOUT", (0, 0))), "1"),
     ((("TORCH_FR_DUMP_TEMP_FILE", (2, 11)), ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (0, 0))), "{dir}/nccl_trace_rank_"),
 )
+STRAGGLER_NCCL_VAR = "DDPBOOT_STRAGGLER_NCCL"
+"""`1`: an NCCL job with --log-dir is watched for stragglers by its collectives' waits (observe/waits.py), for which
+the ranks get NCCL_WAITS too (a user's value of one wins)."""
+NCCL_WAITS = (("TORCH_NCCL_ENABLE_TIMING", "1"), ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "{dir}/nccl_pipe_rank_"))
+"""Each collective's time on the GPU, and a dump on demand, asked for through the rank's pipe."""
 
 
 # NCCL's init timings for the start-up waterfall (observe/startup.py), with --log-dir, for a GPU rank: NCCL's INIT
@@ -114,6 +119,8 @@ def worker_vars(
                 out[flight_recorder_name(names, ctx.torch)] = value.format(dir=ctx.trace_dir)
         if slot.gpus and not any(n in base for n in NCCL_INIT_LOG_VARS):
             out.update(NCCL_INIT_LOG, NCCL_DEBUG_FILE=str(nccl_init_file(error_file)))
+        if base.get(STRAGGLER_NCCL_VAR) == "1":
+            out.update({name: value.format(dir=ctx.trace_dir) for name, value in NCCL_WAITS if name not in base})
     return out
 
 

@@ -33,8 +33,9 @@ from ddpboot.nodes.static import NodeSetup, cluster_info
 from ddpboot.nodes.store_allow import store_allow_list
 from ddpboot.selection.gpu import Inventory
 from ddpboot.selection.inventory import load_inventory
+from ddpboot.selection.ledger import failing_gpus
 from ddpboot.selection.locks import GpuLocks, current_holders, lock_dir
-from ddpboot.selection.planner import Plan, make_plan
+from ddpboot.selection.planner import FAILING_NOTE, Plan, make_plan
 from ddpboot.selection.request import Request
 from ddpboot.tcpstore.owner import ensure_owner_check
 
@@ -115,7 +116,9 @@ def preview_plan(request: Request, nodes: NodeSetup, env: Mapping[str, str]) -> 
     inventory = load_inventory(env)
     held = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
     locked = {u: h.describe() for u, h in held.items()}
-    plan = on_launcher_cpus(lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked), env)
+    bad = failing_gpus(inventory, env)
+    plan = on_launcher_cpus(lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked,
+                                                   failing=bad), env)
     return _with_nodes(plan, nodes)
 
 
@@ -234,6 +237,8 @@ def _planned(config: LaunchConfig, stack: contextlib.ExitStack, gpus: Inventory 
     for note in plan.notes:
         if note.startswith(BINDING_NOTE):  # an MPI binding narrower than the ranks (nodes/binding.py)
             say(f"note: {note}")
+        elif FAILING_NOTE in note:  # a GPU the health ledger marked, named with --gpus
+            say(f"warning: {note}")
     plan = _with_nodes(plan, config.nodes)
     for note in config.nodes.notes:
         say(f"note: {note}")
@@ -274,8 +279,9 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
 
 def _plan_with(config: LaunchConfig, inventory: Inventory, locked: Mapping[str, str]) -> Plan:
     env = config.env
-    return on_launcher_cpus(lambda cpus: make_plan(config.request, inventory, env, allowed_cpus=cpus, locked=locked),
-                            env)
+    failing = failing_gpus(inventory, env)
+    return on_launcher_cpus(lambda cpus: make_plan(config.request, inventory, env, allowed_cpus=cpus, locked=locked,
+                                                   failing=failing), env)
 
 
 def _node_check(config: LaunchConfig, plan: Plan, link: NodeLink | None) -> Callable[[], None] | None:

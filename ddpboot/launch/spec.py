@@ -138,6 +138,7 @@ class Supervision:
     gpu_watch_interval: float
     signals: tuple[signal.Signals, ...]
     store: StoreBackend
+    straggler_window: float  # --straggler-window: seconds a rank must be slower to be named (0: not watched)
 
     def shared(self) -> dict[str, Any]:
         """These fields by name, for the record that shares them (`LaunchSpec(**config.shared(), ...)`)."""

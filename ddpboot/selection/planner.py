@@ -85,9 +85,16 @@ class Plan:
                 "inventory": self.inventory_source, **_json_of(self, "visible ranks notes")}
 
 
-def busy_reasons(gpu: GPU, req: Request, locked: Mapping[str, str] | None = None) -> list[str]:
-    """Why automatic selection would not pick this GPU (empty: it is free). `locked`: uuid → holder."""
+FAILING_NOTE = "is marked failing"  # how the note of a failing GPU named with --gpus goes on after its label
+
+
+def busy_reasons(gpu: GPU, req: Request, locked: Mapping[str, str] | None = None,
+                 failing: Mapping[str, str] | None = None) -> list[str]:
+    """Why automatic selection would not pick this GPU (empty: it is free). `locked`: uuid → holder; `failing`:
+    uuid → why the health ledger (selection/ledger.py) marked it."""
     reasons = []
+    if failing and gpu.uuid in failing:
+        reasons.append(f"failing: {failing[gpu.uuid]}")
     if locked and gpu.uuid in locked:
         reasons.append(f"locked by {locked[gpu.uuid]}")
     if gpu.memory_used > req.max_used_memory:
@@ -106,11 +113,13 @@ def make_plan(
     cpu_count: int | None = None,
     allowed_cpus: Sequence[int] | None = None,
     locked: Mapping[str, str] | None = None,
+    failing: Mapping[str, str] | None = None,
 ) -> Plan:
     """The rank → GPU map for this node. Pure: every input is an argument.
 
     `allowed_cpus` are the cores the launcher may use (its own affinity); `cpu_count` defaults to their number.
-    `locked` maps the UUIDs of GPUs that other ddpboot jobs hold to a description of the holder.
+    `locked` maps the UUIDs of GPUs that other ddpboot jobs hold to a description of the holder; `failing` those
+    the health ledger marked to why: never chosen automatically, named with --gpus they run with a note.
     """
     allowed = tuple(allowed_cpus) if allowed_cpus is not None else tuple(range(cpu_count or 1))
     visible = resolve_visible(inventory, env)
@@ -120,6 +129,7 @@ def make_plan(
         visible,
         excluded=resolve_list(req.exclude, inventory, "--exclude") if req.exclude else (),
         locked=locked or {},
+        failing=failing or {},
         cpu_count=len(allowed) if cpu_count is None else cpu_count,
         notes=[*inventory.notes, *visible.notes],
     )
@@ -136,6 +146,7 @@ class _Choosing:
     visible: Visible
     excluded: tuple[GPU, ...]
     locked: Mapping[str, str]
+    failing: Mapping[str, str]
     cpu_count: int
     notes: list[str]
 
@@ -203,6 +214,9 @@ class _Choosing:
                 f"--gpus {gpus.text}: GPU {unit.label} is locked by another ddpboot job: {self.locked[unit.uuid]}. "
                 "Choose other GPUs, wait for it (--wait-for-gpus), or use it anyway with --share."
             )
+        if unit.uuid in self.failing:
+            self.notes.append(f"GPU {unit.label} {FAILING_NOTE} ({self.failing[unit.uuid]}) but was asked for with "
+                              f"--gpus: running on it anyway (`ddpboot gpus --clear {unit.label}` clears the mark)")
         reasons = busy_reasons(unit, self.req, self.locked)
         if reasons:
             self.notes.append(f"GPU {unit.label} is busy ({'; '.join(reasons)}) but was asked for explicitly")
@@ -226,9 +240,9 @@ class _Choosing:
             return self.nothing_to_choose(wants_gpu)
         # `gpu` means every allowed GPU, busy or not (e.g. those a SLURM job was given); otherwise only free ones.
         if nproc == "gpu":
-            pool = [u for u in candidates if u.uuid not in self.locked]
+            pool = [u for u in candidates if u.uuid not in self.locked and u.uuid not in self.failing]
         else:
-            pool = [u for u in candidates if not busy_reasons(u, self.req, self.locked)]
+            pool = [u for u in candidates if not busy_reasons(u, self.req, self.locked, self.failing)]
         n = self.rank_count(pool, candidates)
         if len(pool) < n * k:
             raise self.shortage_error(n, pool, candidates)
@@ -292,7 +306,8 @@ class _Choosing:
 
     def shortage_error(self, n: int, pool: Sequence[GPU], candidates: Sequence[GPU]) -> PlanError:
         """GpusBusy when the allowed GPUs would do once the busy or locked ones are free; else a plain PlanError."""
-        cls = GpusBusy if len(candidates) >= n * self.req.gpus_per_proc else PlanError
+        healthy = [u for u in candidates if u.uuid not in self.failing]  # a failing GPU is not worth waiting for
+        cls = GpusBusy if len(healthy) >= n * self.req.gpus_per_proc else PlanError
         return cls(self.shortage(n, pool, candidates))
 
     def shortage(self, n: int, pool: Sequence[GPU], candidates: Sequence[GPU]) -> str:
@@ -304,7 +319,7 @@ class _Choosing:
             f"({', '.join(u.label for u in pool) or 'none'})",
             self.inventory.describe(),
         ]
-        busy = [(u, busy_reasons(u, self.req, self.locked)) for u in candidates]
+        busy = [(u, busy_reasons(u, self.req, self.locked, self.failing)) for u in candidates]
         if any(reasons for _, reasons in busy):
             parts.append("busy: " + ", ".join(f"{u.label} ({'; '.join(r)})" for u, r in busy if r))
         if self.excluded:

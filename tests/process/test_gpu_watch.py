@@ -53,7 +53,7 @@ def test_a_rank_on_another_gpu_and_a_stranger_on_its_own_are_said_once(tmp_path:
 def test_a_job_gpu_that_turns_sick_while_the_job_runs_is_said_once_per_kind(tmp_path: Path) -> None:
     path = tmp_path / "gpus.json"
     path.write_text(json.dumps([{"index": 0, "memory_total": 80 << 30}]))
-    env = launch_env(tmp_path)
+    env = launch_env(tmp_path, DDPBOOT_LOCK_DIR=str(tmp_path / "locks"))  # Xid 79 marks the GPU failing there
     env["DDPBOOT_FAKE_GPUS"] = str(path)
     proc = start_launcher(["--nproc", "1", "--gpu-watch-interval", "0.1", str(SCRIPTS / "sick_gpu.py")], env)
     try:
@@ -66,4 +66,4 @@ def test_a_job_gpu_that_turns_sick_while_the_job_runs_is_said_once_per_kind(tmp_
     assert len(watch) == 3, watch  # each once, however many looks saw it
     assert any("GPU 0 (rank 0) is 97% full (77.6 of 80.0 GiB)" in w for w in watch), watch
     assert any("GPU 0 (rank 0) slows its clocks: thermal slowdown" in w for w in watch), watch
-    assert any("GPU 0 (rank 0) reported Xid 79" in w for w in watch), watch
+    assert any("GPU 0 (rank 0) reported Xid 79" in w and "GPU 0 is marked failing" in w for w in watch), watch

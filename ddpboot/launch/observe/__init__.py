@@ -8,6 +8,7 @@ what an observer is and which hooks the attempt loop calls) and one line in OBSE
 - death.py: why a rank died by a signal (the OOM killer, a limit, another process; why.py decides, memcg.py reads
   the memory cgroups);
 - startup.py: the start-up waterfall, each rank's phases and the one slow rank (waterfall.py decides);
+- straggler.py: `--straggler-window`, a rank slower than the others, named while the job runs;
 - stacks/: the stack dumps and their verdict, whenever the decisions ask (and `ddpboot stacks`, finding a job);
 - status.py: status.json, what `ddpboot top` reads (sample.py: top's readings of the processes and GPUs).
 """
@@ -24,6 +25,7 @@ from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
 from ddpboot.launch.observe.startup import Startup
 from ddpboot.launch.observe.status import RunStatus
+from ddpboot.launch.observe.straggler import Stragglers
 from ddpboot.launch.observe.watch import WatchHook
 
 __all__ = ["OBSERVERS", "Job", "Observer", "start"]
@@ -36,6 +38,7 @@ OBSERVERS: tuple[Callable[[Job], Observer | None], ...] = (
     Uninterruptible.start,  # after the dumps: its verdict line follows theirs
     DeathCause.start,
     Startup.start,
+    Stragglers.start,
     RunStatus.start,  # last: it publishes what the others changed
 )
 """Who watches an attempt, in the order the loop asks them; each returns its observer, or None when it has nothing

@@ -139,6 +139,10 @@ class Status(Protocol):
         """The start-up phase `rank` is in now (None: its group is up): status.json's `phase`, top's column."""
         ...
 
+    def straggler(self, rank: int | None, text: str | None) -> None:
+        """The rank named the straggler now (None: none), with what `ddpboot top` shows of it."""
+        ...
+
 
 @dataclass(frozen=True)
 class Job:

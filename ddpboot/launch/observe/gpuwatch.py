@@ -11,7 +11,9 @@ rank's mark in its environment (see procs/leftovers.py). Then, once per (rank, G
 - a process that is not the job's on one of the job's GPUs: its pid, user and command, and the MiB;
 - a GPU of the job whose memory is within 5% of full, that slows its clocks for a reason other than a power cap or
   idling (hardware or thermal slowdown, power brake), whose uncorrected ECC error count grew, or that reported a
-  critical Xid error: the GPU and its ranks (once per GPU and kind).
+  critical Xid error: the GPU and its ranks (once per GPU and kind). What means the GPU itself is failing (a
+  critical Xid of selection/ledger.py's FAILING, uncorrected ECC errors that grew) is marked in the GPU health
+  ledger beside the GPU locks, for later jobs' plans to leave out.
 
 NVML in a container sees the host's pids, which this process cannot see: when none of the pids NVML lists on the
 job's GPUs exists here, the watch says so once and says nothing about strangers (it cannot tell them apart).
@@ -31,6 +33,8 @@ from ddpboot.launch.procs import leftovers
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
 from ddpboot.selection.activity import GpuHealth, GpuProcess, GpuReader
+from ddpboot.selection.ledger import mark, xid_reason
+from ddpboot.selection.locks import lock_dir
 from ddpboot.selection.planner import Plan
 
 MIB = 1024 * 1024
@@ -54,6 +58,7 @@ class Finding:
     key: tuple[object, ...]  # said once per key
     text: str
     wrong_gpu: bool = False  # what `strict` ends the job for
+    failing: tuple[str, str, str] | None = None  # (uuid, label, why): the GPU is failing, for the health ledger
 
 
 def owners(table: Mapping[int, Proc], ranks: Sequence[RankGpus], run_dir: Path | None) -> dict[int, int]:
@@ -139,9 +144,10 @@ def findings(
 FULL = 0.95  # a GPU whose memory is this full is said to be nearly full
 
 
-def _about(gpu: str, key: tuple[object, ...], what: str) -> Finding:
-    """A finding about one of the job's GPUs: `gpu` names it and its ranks, `what` says what is wrong with it."""
-    return Finding(key, f"ddpboot: gpu watch: {gpu} {what}")
+def _about(gpu: str, key: tuple[object, ...], what: str, failing: tuple[str, str, str] | None = None) -> Finding:
+    """A finding about one of the job's GPUs: `gpu` names it and its ranks, `what` says what is wrong with it;
+    `failing`: (uuid, label, why) where it means the GPU is failing (the health ledger's)."""
+    return Finding(key, f"ddpboot: gpu watch: {gpu} {what}", failing=failing)
 
 
 def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
@@ -167,11 +173,17 @@ def health_findings(states: Iterable[GpuHealth], ranks: Sequence[RankGpus],
             out.append(_about(gpu, ("ecc", st.uuid, st.ecc_uncorrected), (
                 f"reports {new} new uncorrected ECC error{'s' if new > 1 else ''} during this job "
                 f"({st.ecc_uncorrected} since the driver loaded): its memory is failing, results computed on it may "
-                "be wrong")))
-        out += [_about(gpu, ("xid", st.uuid, xid), (
-            f"reported Xid {xid}, a GPU error the driver logged (NVIDIA's Xid list says what it means; `dmesg` has "
-            "the driver's line)")) for xid in st.xids]
+                "be wrong"), failing=(st.uuid, st.label, f"uncorrected ECC errors grew by {new}")))
+        out += [_xid(st, gpu, xid) for xid in st.xids]
     return out
+
+
+def _xid(st: GpuHealth, gpu: str, xid: int) -> Finding:
+    """An Xid the GPU reported; one that means the GPU is failing (ledger.FAILING) is for the health ledger."""
+    bad = xid_reason(xid)
+    return _about(gpu, ("xid", st.uuid, xid), (
+        f"reported Xid {xid}, a GPU error the driver logged (NVIDIA's Xid list says what it means; `dmesg` has the "
+        "driver's line)"), failing=None if bad is None else (st.uuid, st.label, bad))
 
 
 def rank_gpus(plan: Plan, pids: Mapping[int, int]) -> list[RankGpus]:
@@ -204,10 +216,13 @@ class GpuWatch(Observer):
     ended: bool = False  # strict has ended the attempt
     ecc_before: dict[str, int | None] | None = None  # each GPU's uncorrected ECC count at the first reading
     next_look: float = 0.0  # the loop's clock
+    ledger: Path | None = None  # the lock directory, where a failing GPU is marked (None: not marked)
+    run_id: str = ""
 
     @classmethod
     def start(cls, job: Job) -> GpuWatch | None:
-        watch = cls(job.spec.gpu_watch, job.plan, job.env, job.paths.root, job.warn, job.spec.gpu_watch_interval)
+        watch = cls(job.spec.gpu_watch, job.plan, job.env, job.paths.root, job.warn, job.spec.gpu_watch_interval,
+                    ledger=lock_dir(job.env), run_id=job.spec.run_id)
         if not watch.active:
             return None
         watch.next_look = job.clock() + watch.interval
@@ -242,10 +257,21 @@ class GpuWatch(Observer):
         for f in found:
             if f.key not in self.said:
                 self.said.add(f.key)
-                self.say(f.text + (f"; --gpu-watch strict: ending the job (exit code {GPU_WATCH_EXIT})"
-                                   if f.wrong_gpu and self.mode is WatchMode.STRICT else ""))
+                self.say(f.text + self._marked(f) + (f"; --gpu-watch strict: ending the job (exit code "
+                                                     f"{GPU_WATCH_EXIT})"
+                                                     if f.wrong_gpu and self.mode is WatchMode.STRICT else ""))
             end = end or (f.wrong_gpu and self.mode is WatchMode.STRICT)
         return end
+
+    def _marked(self, f: Finding) -> str:
+        """A failing GPU marked in the health ledger (selection/ledger.py), as the finding's line goes on."""
+        if f.failing is None or self.ledger is None:
+            return ""
+        uuid, label, why = f.failing
+        if not mark(self.ledger, uuid, why, self.run_id, label):
+            return f"; it could not be marked failing for later jobs (the GPU lock directory {self.ledger} refused)"
+        return (f"; GPU {label} is marked failing for the later jobs of this machine, whose automatic choice leaves "
+                f"it out (`ddpboot gpus` shows why, `ddpboot gpus --clear {label}` clears the mark)")
 
     # Started only when active (`start`): what can end that is a broken reading.
     def due(self, now: float) -> float | None:

@@ -64,13 +64,15 @@ class Row:
     quiet: float | None = None  # seconds since its last output (None: no output yet)
     bar: str | None = None
     phase: str | None = None  # the start-up phase it is in (observe/startup.py), while it starts
+    straggler: str | None = None  # named the straggler: its CPU against the others' (observe/straggler.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "node": self.node, "pid": self.pid,
                 "state": self.state, "cpu_percent": None if self.cpu is None else round(self.cpu, 1),
                 "rss": self.rss, "gpus": [g.to_json() for g in self.gpus],
                 "since_output": None if self.quiet is None else round(self.quiet, 1), "progress": self.bar,
-                "phase": self.phase}
+                "phase": self.phase,
+                "straggler": self.straggler}
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ def build_rows(status: StatusFile, before: Mapping[int, ProcReading | None],
             rss=proc.rss if alive and proc is not None else None, gpus=tuple(uses),
             quiet=max(wall - last, 0.0) if last is not None else None, bar=entry.bar,
             phase=entry.phase if alive else None,
+            straggler=entry.straggler,
         ))
     return rows
 

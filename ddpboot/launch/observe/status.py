@@ -58,6 +58,7 @@ class RankStatus:
     cause: str | None = None  # why it died by a signal (observe/death.py), once known
     phases: dict[str, float] | None = None  # its start-up's phases, seconds each (observe/startup.py), once known
     phase: str | None = None  # the start-up phase it is in now (None: not known, or its process group is up)
+    straggler: str | None = None  # named the straggler (observe/straggler.py): its CPU against the others'
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class RunStatus(Observer):
         self.causes: dict[int, str] = {}  # rank → why it died by a signal (observe/death.py)
         self.startup: dict[int, dict[str, float]] = {}  # rank → its start-up's phases (observe/startup.py)
         self.current: dict[int, str] = {}  # rank → the start-up phase it is in now
+        self.slow: tuple[int, str] | None = None  # the straggler named: its rank, what top shows
         self.changed = False  # since the last write: output, an exit, a warning, a new attempt
         self.next_write = -float("inf")
         self.writes = 0
@@ -140,6 +142,7 @@ class RunStatus(Observer):
         self.causes.clear()
         self.startup.clear()
         self.current.clear()
+        self.slow = None
         self.changed = True  # the first write comes at the loop's first wake-up, whatever the ranks do
 
     def on_output(self, rank: int, data: bytes) -> None:
@@ -170,6 +173,10 @@ class RunStatus(Observer):
             else:
                 self.current[rank] = name
             self.changed = True
+
+    def straggler(self, rank: int | None, text: str | None) -> None:
+        self.slow = None if rank is None or text is None else (rank, text)
+        self.changed = True
 
     def due(self, now: float) -> float | None:
         """When a change held back may be written (None: nothing to write)."""
@@ -206,6 +213,7 @@ class RunStatus(Observer):
                 cause=self.causes.get(w.slot.rank),
                 phases=self.startup.get(w.slot.rank),
                 phase=self.current.get(w.slot.rank),
+                straggler=self.slow[1] if self.slow is not None and self.slow[0] == w.slot.rank else None,
             ))
         return StatusFile(VERSION, self.pid, self.start_time, self.run_id, self.node_rank, self.host, self.attempt,
                           self.world_size, self.wall(), tuple(ranks), tuple(self.warnings))

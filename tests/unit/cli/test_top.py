@@ -67,3 +67,15 @@ def test_a_starting_job_shows_each_rank_s_phase_and_a_started_one_no_phase_colum
     assert "phase" not in next(ln for ln in screen(status(), 100) if ln.startswith("rank"))
     narrow = next(ln for ln in screen(starting, 60) if ln.startswith("rank"))
     assert "phase" in narrow, narrow  # the first column kept as the screen narrows
+
+
+def test_the_slow_column_only_when_a_rank_is_named_and_kept_first_as_the_width_shrinks() -> None:
+    from dataclasses import replace
+
+    assert "slow" not in next(ln for ln in screen(status(), 80) if ln.startswith("rank"))
+    st = status((RANKS[0], replace(RANKS[1], straggler="96% vs 16%"), *RANKS[2:]))
+    for width in (80, 52):  # at 52 only rank, state, slow and progress fit
+        lines = screen(st, width)
+        header = next(ln for ln in lines if ln.startswith("rank"))
+        assert "slow" in header and ("pid" in header) == (width == 80), lines
+        assert "96% vs 16%" in next(ln for ln in lines if ln.startswith("1 ")), lines

@@ -183,6 +183,21 @@ def test_flight_recorder_with_a_log_dir_unless_the_user_set_it() -> None:
     assert mine["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
+def test_the_straggler_watch_of_an_nccl_job_asks_for_timing_and_a_pipe_when_asked_for() -> None:
+    from dataclasses import replace
+
+    p = plan(1)
+    slot = p.ranks[0]
+    traced = replace(CTX, trace_dir="/logs/run/attempt_0")
+    waits = ("TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    assert not [k for k in worker_vars(p, slot, traced, {}, "/e") if k in waits]
+    assert not [k for k in worker_vars(p, slot, CTX, {"DDPBOOT_STRAGGLER_NCCL": "1"}, "/e") if k in waits]  # no dir
+    env = worker_vars(p, slot, traced, {"DDPBOOT_STRAGGLER_NCCL": "1"}, "/e")
+    assert [env[k] for k in waits] == ["1", "/logs/run/attempt_0/nccl_pipe_rank_"]
+    mine = worker_vars(p, slot, traced, {"DDPBOOT_STRAGGLER_NCCL": "1", "TORCH_NCCL_ENABLE_TIMING": "0"}, "/e")
+    assert "TORCH_NCCL_ENABLE_TIMING" not in mine and "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" in mine  # the user's wins
+
+
 def test_the_flight_recorder_names_follow_the_workers_torch(tmp_path: Path) -> None:
     """The workers' torch release only where they run the launcher's own interpreter; any other interpreter
     (PYTHON_EXEC) or a binary may carry another torch: unknown, so the oldest names, which every release reads."""

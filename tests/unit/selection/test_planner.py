@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ddpboot.errors import DdpbootError, PlanError, UsageError
 from ddpboot.selection.gpu import GPU, Inventory
 from ddpboot.selection.inventory import fake_inventory
-from ddpboot.selection.planner import GpusBusy, Plan, busy_reasons, make_plan
+from ddpboot.selection.planner import FAILING_NOTE, GpusBusy, Plan, busy_reasons, make_plan
 from ddpboot.selection.request import parse_request
 from tests.support import GIB, mig_machine
 
@@ -423,3 +423,28 @@ def test_a_cuda_visible_devices_naming_no_gpu_is_an_error(visible: str) -> None:
 def test_only_empty_and_minus_one_mean_cpu_ranks(visible: str) -> None:
     got = plan(machine(8), {"CUDA_VISIBLE_DEVICES": visible}, nproc="2")
     assert got.backend == "gloo" and all(not r.gpus for r in got.ranks)
+
+
+def test_a_gpu_marked_failing_is_never_chosen_automatically_and_named_runs_with_a_note() -> None:
+    inv = machine(3)
+    bad = {inv.gpus[1].uuid: "Xid 79 (the GPU has fallen off the bus), seen by job j"}
+    assert indices(make_plan(parse_request(nproc="2"), inv, {}, cpu_count=2, failing=bad)) == [["0"], ["2"]]
+    assert indices(make_plan(parse_request(nproc="gpu"), inv, {}, cpu_count=2, failing=bad)) == [["0"], ["2"]]
+    assert indices(make_plan(parse_request(nproc="auto"), inv, {}, cpu_count=2, failing=bad)) == [["0"], ["2"]]
+    named = make_plan(parse_request(gpus="1"), inv, {}, cpu_count=2, failing=bad)
+    assert indices(named) == [["1"]]
+    assert [n for n in named.notes if FAILING_NOTE in n] == [
+        "GPU 1 is marked failing (Xid 79 (the GPU has fallen off the bus), seen by job j) but was asked for with "
+        "--gpus: running on it anyway (`ddpboot gpus --clear 1` clears the mark)"]
+    assert busy_reasons(inv.gpus[1], parse_request(), failing=bad) == [f"failing: {bad[inv.gpus[1].uuid]}"]
+
+
+def test_too_few_healthy_gpus_is_no_wait_for_a_failing_one() -> None:
+    inv = machine(3)
+    bad = {inv.gpus[1].uuid: "Xid 79"}
+    with pytest.raises(PlanError, match=r"busy: 1 \(failing: Xid 79\)") as err:
+        make_plan(parse_request(nproc="3"), inv, {}, cpu_count=3, failing=bad)
+    assert not isinstance(err.value, GpusBusy)  # --wait-for-gpus would wait for ever
+    locked = {inv.gpus[0].uuid: "alice"}
+    with pytest.raises(GpusBusy):  # a locked GPU is worth waiting for
+        make_plan(parse_request(nproc="2"), inv, {}, cpu_count=3, failing=bad, locked=locked)

@@ -54,6 +54,7 @@ class Call:
     op: str  # all_reduce (profiling_name without the backend)
     state: str  # completed, started or scheduled (NCCL); returned (gloo: completed or failed)
     at: str = ""  # the script's line that called it, `train.py:88` ("" when the dump has no stack)
+    ms: float | None = None  # how long it ran on the GPU (duration_ms: NCCL with TORCH_NCCL_ENABLE_TIMING=1)
 
     def text(self) -> str:
         where = f" at {self.at}" if self.at else ""
@@ -199,8 +200,10 @@ def _groups(entries: Iterable[Mapping[str, Any]]) -> dict[str, Group]:
     calls: dict[tuple[str, str], dict[int, Call]] = {}
     for e in entries:
         name, desc = e["process_group"]
+        ms = e.get("duration_ms")
         call = Call(int(e["collective_seq_id"]), str(e["profiling_name"]).partition(":")[2] or
-                    str(e["profiling_name"]), _state(e), _call_site(e.get("frames") or []))
+                    str(e["profiling_name"]), _state(e), _call_site(e.get("frames") or []),
+                    float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None)
         calls.setdefault((str(name), str(desc)), {})[call.seq] = call  # a coalesced group: its last entry
     return {name: Group(name, desc, tuple(sorted(by.values(), key=lambda c: c.seq)))
             for (name, desc), by in calls.items()}

@@ -14,6 +14,7 @@ from ddpboot.launch.observe.stacks.dump import StackDumps
 from ddpboot.launch.observe.stall import Stall
 from ddpboot.launch.observe.startup import Startup
 from ddpboot.launch.observe.status import RunStatus, read_status
+from ddpboot.launch.observe.straggler import Stragglers
 from ddpboot.launch.observe.watch import WatchHook
 from ddpboot.launch.spec import Watch
 from tests.unit.launch.observe.jobs import Attempt, Clock, job
@@ -52,7 +53,8 @@ def test_a_warning_is_said_and_kept_in_the_status_file(tmp_path: Path) -> None:
 
 def test_an_attempt_is_watched_by_what_its_options_ask_for(tmp_path: Path) -> None:
     clock = Clock()
-    plain = observe.start(job(tmp_path, clock, []))  # no GPU, no --stall-timeout, no watch hook
+    plain = observe.start(job(tmp_path, clock, [], straggler_window=0.0))  # no GPU, --stall-timeout, hook, stragglers
     assert [type(o) for o in plain] == [StackDumps, Uninterruptible, DeathCause, Startup, RunStatus]
     every = observe.start(job(tmp_path, clock, [], stall_timeout=60.0, watch=Watch(lambda: None)))
-    assert [type(o) for o in every] == [WatchHook, Stall, StackDumps, Uninterruptible, DeathCause, Startup, RunStatus]
+    assert [type(o) for o in every] == [WatchHook, Stall, StackDumps, Uninterruptible, DeathCause, Startup, Stragglers,
+                                        RunStatus]

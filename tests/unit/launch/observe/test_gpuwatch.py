@@ -15,6 +15,7 @@ from ddpboot.launch.observe.status import read_status
 from ddpboot.launch.procs.leftovers import Proc
 from ddpboot.launch.spec import GPU_WATCH_EXIT, WatchMode
 from ddpboot.selection.activity import GpuHealth, GpuProcess
+from ddpboot.selection.ledger import failing
 from tests.unit.launch.observe.jobs import Attempt, Clock, gpu, job, slot, worker
 
 MIB = 1 << 20
@@ -128,3 +129,46 @@ def test_as_an_observer_it_looks_every_interval_and_strict_ends_the_attempt(tmp_
     j.status.update([])  # the warning is kept for `ddpboot top`
     data = read_status(tmp_path)
     assert data is not None and list(data.warnings) == said
+
+
+def test_what_means_a_gpu_is_failing_is_for_the_health_ledger_and_nothing_else() -> None:
+    sick = health(used=96, slowdowns=("thermal slowdown",), ecc_uncorrected=5, xids=(13, 79, 94))
+    found = {f.key: f.failing for f in health_findings([sick], [R0], {"GPU-a": 3})}
+    assert found == {("memory", "GPU-a"): None, ("slow", "GPU-a", "thermal slowdown"): None,
+                     ("ecc", "GPU-a", 5): ("GPU-a", "0", "uncorrected ECC errors grew by 2"),
+                     ("xid", "GPU-a", 13): None,  # an application's error: the GPU is fine
+                     ("xid", "GPU-a", 79): ("GPU-a", "0", "Xid 79 (the GPU has fallen off the bus)"),
+                     ("xid", "GPU-a", 94): ("GPU-a", "0", "Xid 94 (a contained ECC error)")}
+
+
+def test_the_watch_marks_a_failing_gpu_once_in_the_lock_directory(tmp_path: Path, lockdir: Path) -> None:
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps([{"index": 0, "uuid": "GPU-a", "xids": [13, 79]}, {"index": 1, "uuid": "GPU-b"}]))
+    clock, said = Clock(10.0), []
+    env = {"DDPBOOT_FAKE_GPUS": str(inventory), "DDPBOOT_LOCK_DIR": str(lockdir)}
+    j = job(tmp_path, clock, said, (slot(0, (gpu(0),)),), env=env, run_id="job-9", gpu_watch_interval=1.0)
+    watch = GpuWatch.start(j)
+    assert watch is not None
+    running = Attempt([worker(0, os.getpid(), (gpu(0),))])
+    for t in (11.0, 12.0, 13.0):
+        assert watch.on_wake(t, running) == ()
+    watch.close()
+    assert [s.partition(", a GPU error")[0] for s in said] == ["ddpboot: gpu watch: GPU 0 (rank 0) reported Xid 13",
+                                                              "ddpboot: gpu watch: GPU 0 (rank 0) reported Xid 79"]
+    assert "marked failing" not in said[0]
+    assert said[1].endswith("; GPU 0 is marked failing for the later jobs of this machine, whose automatic choice "
+                            "leaves it out (`ddpboot gpus` shows why, `ddpboot gpus --clear 0` clears the mark)")
+    marks = failing(["GPU-a", "GPU-b"], lockdir)
+    assert list(marks) == ["GPU-a"] and (marks["GPU-a"].run_id, marks["GPU-a"].label) == ("job-9", "0")
+
+
+def test_a_mark_the_directory_refuses_is_said_and_the_job_goes_on(tmp_path: Path) -> None:
+    inventory = tmp_path / "gpus.json"
+    inventory.write_text(json.dumps([{"index": 0, "uuid": "GPU-a", "xids": [79]}]))
+    said: list[str] = []
+    env = {"DDPBOOT_FAKE_GPUS": str(inventory), "DDPBOOT_LOCK_DIR": str(tmp_path / "none")}
+    watch = GpuWatch.start(job(tmp_path, Clock(10.0), said, (slot(0, (gpu(0),)),), env=env, gpu_watch_interval=1.0))
+    assert watch is not None and watch.on_wake(11.0, Attempt([worker(0, os.getpid(), (gpu(0),))])) == ()
+    watch.close()
+    assert said[0].endswith(f"; it could not be marked failing for later jobs (the GPU lock directory "
+                            f"{tmp_path / 'none'} refused)")

@@ -39,7 +39,7 @@ def test_the_json_snapshot_names_the_job_and_every_field_of_a_row() -> None:
         "job-7", 99, 1, 2, 0.5)
     first = data["ranks"][0]
     assert first == {"rank": 0, "local_rank": 0, "node": 1, "pid": 100, "state": "running", "cpu_percent": 75.0,
-                     "rss": 2 << 30, "since_output": 10.0, "progress": BAR, "phase": None,
+                     "rss": 2 << 30, "since_output": 10.0, "progress": BAR, "phase": None, "straggler": None,
                      "gpus": [{"label": "0", "uuid": "GPU-a", "used_memory": 3 << 30, "memory_used": 40 << 30,
                                "memory_total": 80 << 30, "utilization": 93}]}
     assert data["warnings"] == ["ddpboot: gpu watch: pid 7 is odd"]
@@ -74,3 +74,10 @@ def test_a_job_without_gpus_reads_no_gpu_and_a_broken_inventory_says_unknown(tmp
     assert not GpuSampler({}).read(status((rank(0, os.getpid()),))).known
     bad = GpuSampler({"DDPBOOT_FAKE_GPUS": str(tmp_path / "missing.json")})
     assert not bad.read(status((rank(0, os.getpid(), (GpuRef("0", "GPU-a"),)),))).known and bad.failed
+
+
+def test_the_straggler_named_in_the_status_is_its_rows() -> None:
+    st = status((rank(0, 100), rank(1, 101, straggler="96% vs 16%")))
+    rows = build_rows(st, BEFORE, NOW, 2.0, GPUS, 1000.0)
+    assert [r.straggler for r in rows] == [None, "96% vs 16%"]
+    assert [r["straggler"] for r in snapshot_json(st, rows, 1000.0)["ranks"]] == [None, "96% vs 16%"]

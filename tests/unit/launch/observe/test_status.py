@@ -151,7 +151,7 @@ def test_the_file_is_one_record_written_and_read_back_field_for_field(tmp_path: 
     assert list(raw) == ["version", "pid", "start", "run_id", "node_rank", "host", "attempt", "world_size", "updated",
                          "ranks", "warnings"]
     assert list(raw["ranks"][0]) == ["rank", "local_rank", "pid", "start", "gpus", "started", "code", "last_output",
-                                     "bar", "cause", "phases", "phase"]
+                                     "bar", "cause", "phases", "phase", "straggler"]
     assert raw["version"] == VERSION and raw["ranks"][0]["gpus"] == [{"label": "3", "uuid": "GPU-3"}]
     back = StatusFile.from_json(raw)
     assert back == read_status(tmp_path) and back is not None and back.to_json() == raw
