@@ -7,11 +7,28 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-from tests.support import SCRIPTS, TIMEOUT, clean_env, finish, free_port, run_ddpboot, start_launcher, stderr_until
+from tests.support import (
+    SCRIPTS,
+    TIMEOUT,
+    clean_env,
+    finish,
+    free_port,
+    run_ddpboot,
+    start_launcher,
+    stderr_until,
+    wait_for,
+)
 
 JOB = str(SCRIPTS / "straggler_job.py")
 NAMED = "ddpboot: straggler: rank 1 (node 0) is slower than the others"
+
+
+def _naming(logs: Path) -> dict[str, Any] | None:
+    """status.json once it names a straggler (None before)."""
+    status: dict[str, Any] = json.loads(next(logs.glob("*/status.json")).read_text())
+    return status if any(r["straggler"] for r in status["ranks"]) else None
 
 
 def test_a_rank_that_computes_six_times_longer_is_named_while_the_job_runs(tmp_path: Path) -> None:
@@ -20,7 +37,9 @@ def test_a_rank_that_computes_six_times_longer_is_named_while_the_job_runs(tmp_p
                           clean_env())
     lines = stderr_until(proc, lambda got: any(NAMED in line for line in got), TIMEOUT)
     running = proc.poll() is None
-    status = json.loads(next(logs.glob("*/status.json")).read_text()) if running else {}
+    # the status file is rewritten at most every so often: await the one that names the straggler
+    status = wait_for(lambda: _naming(logs) if proc.poll() is None else {}, TIMEOUT, "status.json naming rank 1",
+                      interval=0.1) if running else {}
     top = run_ddpboot("top", "--json", str(next(logs.glob("*")).name), env=clean_env()) if running else None
     code, out, err = finish(proc)
     said = [line for line in lines + err.splitlines() if line.startswith("ddpboot: straggler:")]
