@@ -145,6 +145,7 @@ class RunOptions:
     local_ranks_filter: str | None = None
     ranks_filter: str | None = None
     no_prefix: bool = False
+    no_collapse: bool = False
     log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
     numa_binding: str | None = None  # torchrun's NUMA policy, as the request's CPU affinity
@@ -165,6 +166,7 @@ class OutputConfig:
     global_ranks: frozenset[int] | None = None  # --ranks-filter
     prefix: LinePrefix | None = field(default_factory=LinePrefix)  # None: --no-prefix
     log_mode: LogMode = LogMode.PRIVATE  # --log-mode: who may read the run directory and its files
+    collapse: bool = True  # False: --no-collapse
 
     @classmethod
     def parse(
@@ -178,6 +180,7 @@ class OutputConfig:
         log_mode: str = LogMode.PRIVATE.value,
         template: str | None = None,
         role: str = "default",
+        collapse: bool = True,
     ) -> OutputConfig:
         """From the options as typed; the rank filters are checked against the plan later, in `routing`. -r/-t
         that write files without --log-dir write them under the temporary log base, as torchrun writes them to a
@@ -199,6 +202,7 @@ class OutputConfig:
             local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
             global_ranks=parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter else None,
             prefix=line if prefix else None,
+            collapse=collapse,
         )
 
     def routing(self, plan: Plan) -> Routing:
@@ -223,7 +227,7 @@ class OutputConfig:
             else:
                 files[lr] = (r | t) if have_dir else Std.NONE
             console[lr] = Std(Std.ALL & ~(r & ~t)) if self._shown(lr, slot.rank) else Std.NONE
-        return Routing(files=files, console=console, prefix=self.prefix)
+        return Routing(files=files, console=console, prefix=self.prefix, collapse=self.collapse)
 
     def _shown(self, local_rank: int, rank: int) -> bool:
         return (self.local_ranks is None or local_rank in self.local_ranks) and (
@@ -341,7 +345,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         if o.no_prefix and o.log_line_prefix_template and "--log-line-prefix-template" not in o.from_env:
             raise UsageError("--no-prefix and --log-line-prefix-template contradict each other: drop one.")
         output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
-                                    not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role)
+                                    not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role,
+                                    collapse=not o.no_collapse)
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
         selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
         step = repr((o.script, o.args, o.selection, o.module, o.no_python))  # a pbsdsh step's command (its port)
