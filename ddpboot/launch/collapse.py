@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 M = TypeVar("M", bound=Hashable)
@@ -35,7 +35,7 @@ released as soon as the last one says it, so only a line that not every rank say
 fifth of a second is no lag a reader of a log notices."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Said(Generic[M]):
     """A released group: `text` on `channel`, said by `members` (in the order they said it: the first sayer
     first)."""
@@ -45,14 +45,13 @@ class Said(Generic[M]):
     members: tuple[M, ...]
 
 
-@dataclass(eq=False)
 class _Group(Generic[M]):
-    seq: int
-    channel: Hashable
-    text: bytes
-    ends: float
-    members: list[M] = field(default_factory=list)
-    joined: set[M] = field(default_factory=set)
+    __slots__ = ("channel", "ends", "joined", "members", "seq", "text")
+
+    def __init__(self, seq: int, channel: Hashable, text: bytes, ends: float, member: M) -> None:
+        self.seq, self.channel, self.text, self.ends = seq, channel, text, ends
+        self.members = [member]
+        self.joined = {member}
 
 
 class Collapser(Generic[M]):
@@ -63,44 +62,62 @@ class Collapser(Generic[M]):
         self.window = window
         self.unit: Callable[[M], Hashable] = unit if unit is not None else (lambda m: m)
         self.channel_of: dict[M, Hashable] = {}  # every member ever opened (a closed one may still be held)
-        self.open_on: dict[Hashable, set[M]] = {}  # the open members of each channel
+        self.unit_of: dict[M, Hashable] = {}
+        self.open_of: dict[Hashable, list[M]] = {}  # each unit's open members
         self.held: deque[_Group[M]] = deque()  # oldest first
         self.by_key: dict[tuple[Hashable, bytes], deque[_Group[M]]] = {}
         self.latest: dict[Hashable, int] = {}  # each unit's newest group (released ones are older than any held)
+        self.holds: dict[Hashable, int] = {}  # how many held lines each unit has
+        # Per channel, its open members whose unit holds nothing: the oldest group cannot grow when there are none
+        # (a unit that holds a line holds it in that group or a newer one, and so is in it or past it).
+        self.idle: dict[Hashable, int] = {}
         self.next_seq = 0
 
     def open(self, member: M, channel: Hashable) -> None:
-        self.channel_of[member] = channel
-        self.open_on.setdefault(channel, set()).add(member)
+        unit = self.unit(member)
+        self.channel_of[member], self.unit_of[member] = channel, unit
+        self.open_of.setdefault(unit, []).append(member)
+        if not self.holds.get(unit):
+            self.idle[channel] = self.idle.get(channel, 0) + 1
 
     def close(self, member: M, now: float) -> list[Said[M]]:
         """The member's stream ended: it says nothing more, so groups waiting for it may go."""
-        channel = self.channel_of.get(member)
-        if channel is not None:
-            self.open_on.get(channel, set()).discard(member)
+        unit = self.unit_of.get(member)
+        if unit is not None and member in self.open_of[unit]:
+            self.open_of[unit].remove(member)
+            if not self.holds.get(unit):
+                self.idle[self.channel_of[member]] -= 1
         return self.expired(now)
 
     def add(self, member: M, text: bytes, now: float) -> list[Said[M]]:
         """`member` said the whole line `text` (its terminator included) at `now`."""
-        out = self.expired(now)
-        channel = self.channel_of[member]
-        unit = self.unit(member)
+        out = self._over(now)
+        channel, unit = self.channel_of[member], self.unit_of[member]
         floor = self.latest.get(unit, -1)
         key = (channel, text)
-        group = next((g for g in self.by_key.get(key, ()) if g.seq > floor and member not in g.joined), None)
-        if group is None:
-            group = _Group(self.next_seq, channel, text, now + self.window)
+        same = self.by_key.get(key)
+        for group in same or ():
+            if group.seq > floor and member not in group.joined:
+                group.members.append(member)
+                group.joined.add(member)
+                break
+        else:
+            group = _Group(self.next_seq, channel, text, now + self.window, member)
             self.next_seq += 1
             self.held.append(group)
-            self.by_key.setdefault(key, deque()).append(group)
-        group.members.append(member)
-        group.joined.add(member)
+            if same is None:
+                self.by_key[key] = same = deque()
+            same.append(group)
         self.latest[unit] = group.seq
-        return out + self.expired(now)
+        self._count(unit, 1)
+        out += self.expired(now)
+        return out
 
     def before(self, member: M) -> list[Said[M]]:
         """Release what `member`'s unit holds, and every older group: other output of that rank follows."""
-        last = self.latest.get(self.unit(member), -1)
+        if not self.held:
+            return []
+        last = self.latest.get(self.unit_of.get(member, member), -1)
         out = []
         while self.held and self.held[0].seq <= last:
             out.append(self._release())
@@ -113,7 +130,7 @@ class Collapser(Generic[M]):
     def expired(self, now: float) -> list[Said[M]]:
         """Release the oldest groups while their window is over or they cannot grow."""
         out = []
-        while self.held and (self.held[0].ends <= now or self._full(self.held[0])):
+        while self.held and (self.held[0].ends <= now or not self.idle.get(self.held[0].channel)):
             out.append(self._release())
         return out
 
@@ -123,10 +140,20 @@ class Collapser(Generic[M]):
             out.append(self._release())
         return out
 
-    def _full(self, group: _Group[M]) -> bool:
-        """No member can join `group` any more: each open member of its channel is in it or past it."""
-        return all(m in group.joined or self.latest.get(self.unit(m), -1) > group.seq
-                   for m in self.open_on.get(group.channel, ()))
+    def _over(self, now: float) -> list[Said[M]]:
+        out = []
+        while self.held and self.held[0].ends <= now:
+            out.append(self._release())
+        return out
+
+    def _count(self, unit: Hashable, change: int) -> None:
+        """A line of `unit` is held (+1) or released (-1); its open members are idle while it holds none."""
+        before = self.holds.get(unit, 0)
+        self.holds[unit] = before + change
+        if (before == 0) != (before + change == 0):
+            for m in self.open_of.get(unit, ()):
+                channel = self.channel_of[m]
+                self.idle[channel] -= change
 
     def _release(self) -> Said[M]:
         group = self.held.popleft()
@@ -135,4 +162,6 @@ class Collapser(Generic[M]):
         same.popleft()  # the oldest of its key too
         if not same:
             del self.by_key[key]
+        for m in group.members:
+            self._count(self.unit_of[m], -1)
         return Said(group.channel, group.text, tuple(group.members))
