@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -323,6 +324,18 @@ def stderr_until(proc: subprocess.Popen[Any], done: Callable[[list[str]], bool],
         *complete, pending = pending.split(b"\n")
         lines += [ln.decode(errors="replace") for ln in complete]
     return lines
+
+
+def ranks_named(text: str, said: str) -> list[int]:
+    """The ranks named by the prefixes of the console lines that show `said` (`[rank0-3]: said` names 0, 1, 2 and
+    3; `[rank2]: said` names 2), in console order: a line said alike by several ranks is shown once or once per rank
+    (collapsed or not), and either way each rank that said it is named once."""
+    named: list[int] = []
+    for m in re.finditer(rf"^\[rank([\d,-]+)\]: {re.escape(said)}$", text, re.M):
+        for part in m[1].split(","):
+            first, _, last = part.partition("-")
+            named += range(int(first), int(last or first) + 1)
+    return named
 
 
 def launch_spec(**changes: Any) -> Any:

@@ -157,6 +157,9 @@ RUN = OptionGroup("own", RunOptions, [
         help="Show only these global ranks on the console (0,8-15); files still get every rank."),
     opt("no_prefix", "--no-prefix", env="DDPBOOT_NO_PREFIX", panel=_OUT,
         help="Do not prefix console lines with \\[rankG]:."),
+    opt("no_collapse", "--no-collapse", env="DDPBOOT_NO_COLLAPSE", panel=_OUT,
+        help="Show every rank's copy of a line that several ranks print alike; by default it is shown once, the ranks "
+        "named (\\[rank0-3]: ...). Log files always get every line."),
     opt("log_line_prefix_template", "--log-line-prefix-template", "--log_line_prefix_template",
         env=["PET_LOG_LINE_PREFIX_TEMPLATE", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"], panel=_OUT,
         metavar="TEMPLATE", extra={"show_default": False},

@@ -146,6 +146,7 @@ class RunOptions:
     local_ranks_filter: str | None = None
     ranks_filter: str | None = None
     no_prefix: bool = False
+    no_collapse: bool = False
     log_line_prefix_template: str | None = None  # also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (cli/run_options.py)
     virtual_local_rank: bool = False
     numa_binding: str | None = None  # torchrun's NUMA policy, as the request's CPU affinity
@@ -166,6 +167,7 @@ class OutputConfig:
     global_ranks: frozenset[int] | None = None  # --ranks-filter
     prefix: LinePrefix | None = field(default_factory=LinePrefix)  # None: --no-prefix
     log_mode: LogMode = LogMode.PRIVATE  # --log-mode: who may read the run directory and its files
+    collapse: bool = True  # False: --no-collapse
 
     @classmethod
     def parse(
@@ -179,6 +181,7 @@ class OutputConfig:
         log_mode: str = LogMode.PRIVATE.value,
         template: str | None = None,
         role: str = "default",
+        collapse: bool = True,
     ) -> OutputConfig:
         """From the options as typed; the rank filters are checked against the plan later, in `routing`. -r/-t
         that write files without --log-dir write them under the temporary log base, as torchrun writes them to a
@@ -200,6 +203,7 @@ class OutputConfig:
             local_ranks=parse_rank_list(local_ranks_filter, "--local-ranks-filter") if local_ranks_filter else None,
             global_ranks=parse_rank_list(ranks_filter, "--ranks-filter") if ranks_filter else None,
             prefix=line if prefix else None,
+            collapse=collapse,
         )
 
     def routing(self, plan: Plan) -> Routing:
@@ -224,7 +228,7 @@ class OutputConfig:
             else:
                 files[lr] = (r | t) if have_dir else Std.NONE
             console[lr] = Std(Std.ALL & ~(r & ~t)) if self._shown(lr, slot.rank) else Std.NONE
-        return Routing(files=files, console=console, prefix=self.prefix)
+        return Routing(files=files, console=console, prefix=self.prefix, collapse=self.collapse)
 
     def _shown(self, local_rank: int, rank: int) -> bool:
         return (self.local_ranks is None or local_rank in self.local_ranks) and (
@@ -319,12 +323,11 @@ def supervision(o: RunOptions) -> Supervision:
     stall = None if o.stall_timeout is None else parse_duration(o.stall_timeout, "--stall-timeout", allow_zero=False)
     watch = WatchMode.parse(o.gpu_watch, "--gpu-watch")
     watch_every = parse_duration(o.gpu_watch_interval, "--gpu-watch-interval", allow_zero=False)
-    straggler = parse_duration(o.straggler_window, "--straggler-window")
     if o.max_restarts < 0:
         raise UsageError(f"--max-restarts {o.max_restarts}: give 0 (no restart) or more.")
     return Supervision(role=o.role, max_restarts=o.max_restarts, shutdown_timeout=shutdown, monitor_interval=monitor,
                        stall_timeout=stall, gpu_watch=watch, gpu_watch_interval=watch_every, signals=signals,
-                       store=store, straggler_window=straggler)
+                       store=store, straggler_window=parse_duration(o.straggler_window, "--straggler-window"))
 
 
 def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfig:
@@ -343,7 +346,8 @@ def build(options: RunOptions, env: Mapping[str, str], cwd: Path) -> LaunchConfi
         if o.no_prefix and o.log_line_prefix_template and "--log-line-prefix-template" not in o.from_env:
             raise UsageError("--no-prefix and --log-line-prefix-template contradict each other: drop one.")
         output = OutputConfig.parse(o.log_dir, o.redirects, o.tee, o.local_ranks_filter, o.ranks_filter,
-                                    not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role)
+                                    not o.no_prefix, o.log_mode, o.log_line_prefix_template, o.role,
+                                    collapse=not o.no_collapse)
         wait = None if o.dry_run else parse_wait(o.wait_for_gpus)  # a dry run does not wait
         selection = o.selection if o.numa_binding is None else numa_selection(o.numa_binding, o.selection)
         step = repr((o.script, o.args, o.selection, o.module, o.no_python))  # a pbsdsh step's command (its port)

@@ -11,6 +11,9 @@ Each console line begins with its rank's prefix (`[rankG]: `, or what `--log-lin
 spec.LinePrefix), once: a line that already begins with the rank's `[rankG]: ` (torch.distributed's excepthook
 prefixes every traceback line so) has that replaced by the prefix, not doubled.
 
+A whole line several ranks say alike within a short window is shown once, its prefix naming them (`[rank0-3]: `,
+collapse.py); what a rank holds is shown before its other output (bars are never held) and the launcher's messages.
+
 Files get the rank's bytes unchanged (no prefix), stdout and stderr in arrival order, whole pieces at a time; they
 are written unbuffered, so what a worker printed before dying is on disk even if the launcher is killed next.
 
@@ -34,7 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ddpboot.launch.bars import LiveRegion, Throttle, blank, progress_interval, terminal_of
-from ddpboot.launch.spec import LogMode, Std
+from ddpboot.launch.collapse import Collapser, Said
+from ddpboot.launch.spec import LinePrefix, LogMode, Std
 
 MAX_PENDING = 64 * 1024  # a longer run without a terminator is shown in parts
 TAIL_BYTES = 32 * 1024
@@ -80,7 +84,9 @@ class Console:
         self.fds = {Std.OUT: out_fd, Std.ERR: err_fd}
         self.open: RankStream | None = None  # whose line is open (the cursor is not at a fresh line)
         self.gone: set[int] = set()
+        self.clock = clock
         self.throttle = Throttle(progress_interval(environ), clock)
+        self.collapser: Collapser[RankStream] = Collapser(unit=lambda stream: stream.rank)
         # The bars' region lives on stderr's terminal (or stdout's); a stream writing to that terminal is live.
         terms = {std: terminal_of(fd, environ) for std, fd in self.fds.items()}
         term = terms[Std.ERR] if terms[Std.ERR] is not None else terms[Std.OUT]
@@ -131,17 +137,38 @@ class Console:
             self.open.line_ended_elsewhere()
             self.open = None
 
+    def closed(self, owner: RankStream) -> None:  # its stream ended: the groups that waited for it may go
+        self._said(self.collapser.close(owner, self.clock()))
+
     def write(self, owner: RankStream, data: bytes, leaves_open: bool) -> None:
-        """Ordinary output of a rank; the last state of its bars in a log is shown first."""
+        """Ordinary output of a rank; what it holds and the last state of its bars in a log are shown first."""
+        self._said(self.collapser.before(owner))
         if self.open is not None and self.open is not owner:
             self.end_open_line()
-        for bar in [key for key in self.throttle.bars if isinstance(key, RankStream) and key.rank == owner.rank]:
-            self._lines(bar, self.throttle.flush(bar))
+        self._bars_first(owner)
         self._out(owner.stream, data, leaves_open)
         self.open = owner if leaves_open else None
 
+    def said(self, owner: RankStream, line: bytes) -> None:
+        """A whole ordinary line of `owner` (no prefix), held to be shown once with the same line of other ranks."""
+        self._bars_first(owner)
+        self._said(self.collapser.add(owner, line, self.clock()))
+
+    def _bars_first(self, owner: RankStream) -> None:
+        for bar in [key for key in self.throttle.bars if isinstance(key, RankStream) and key.rank == owner.rank]:
+            self._lines(bar, self.throttle.flush(bar))
+
+    def _said(self, groups: list[Said[RankStream]]) -> None:
+        for group in groups:
+            first = group.members[0]
+            prefix = first.prefix if len(group.members) == 1 or first.group is None else first.group.render_group(
+                [m.ids for m in group.members])
+            self.end_open_line()
+            self._out(first.stream, prefix + group.text)
+
     def redraw(self, owner: RankStream, text: bytes) -> None:
         """A progress-bar redraw of `owner`: its line in place on a terminal, throttled lines in a log."""
+        self._said(self.collapser.before(owner))
         self.end_open_line()
         if not self.live[owner.stream]:
             self._lines(owner, self.throttle.redraw(owner, text))
@@ -152,6 +179,7 @@ class Console:
 
     def end_bar(self, owner: RankStream, final: bytes) -> None:
         """`owner`'s bar line ended (a newline, or the end of its stream) showing `final`: an ordinary line now."""
+        self._said(self.collapser.before(owner))
         self.end_open_line()
         if not self.live[owner.stream]:
             self._lines(owner, self.throttle.end(owner, final))
@@ -160,12 +188,13 @@ class Console:
         self._raw(self.fds[owner.stream], erase + owner.prefix + final.rstrip(b" ") + b"\n" + self.region.draw())
 
     def wait_time(self, timeout: float | None) -> float | None:
-        """`timeout` (None: no limit), shortened to when a bar's held-back redraw is due in a log (`show_due`)."""
-        due = self.throttle.due()
-        return timeout if due is None else due if timeout is None else min(timeout, due)
+        """`timeout` (None: no limit), shortened to when a held line or a bar's held-back redraw is due (`show_due`)."""
+        dues = [d for d in (self.throttle.due(), self.collapser.due(self.clock()), timeout) if d is not None]
+        return min(dues) if dues else None
 
     def show_due(self) -> None:
-        """Show the held-back redraws whose interval is over: a quiet bar's log line is at most one interval old."""
+        """Show the held lines and bar redraws that are due: a quiet bar's log line is at most one interval old."""
+        self._said(self.collapser.expired(self.clock()))
         for owner, text in self.throttle.show_due():
             if isinstance(owner, RankStream):
                 self._lines(owner, [text])
@@ -177,7 +206,8 @@ class Console:
             self._out(owner.stream, owner.prefix + text.rstrip(b" ") + b"\n")
 
     def message(self, text: str, stream: Std = Std.ERR) -> None:
-        """A line of the launcher's own (notes, the failure summary)."""
+        """A line of the launcher's own (notes, the failure summary): what the ranks said before it is shown first."""
+        self._said(self.collapser.flush())
         self.end_open_line()
         self._out(stream, text.encode(errors="replace") + (b"" if text.endswith("\n") else b"\n"))
 
@@ -222,8 +252,12 @@ class RankStream:
         console: Console | None,
         file: LogFile | None,
         prefix: bool | bytes = True,
+        group: LinePrefix | None = None,
+        slot: tuple[int, int] = (0, 0),
     ) -> None:
         self.rank = rank
+        self.group = group  # the template that names the ranks of a collapsed line; None: lines are not held
+        self.ids = (rank, *slot)  # rank, local rank, node rank: what the template names
         self.stream = stream
         self.console = console
         self.file = file
@@ -236,6 +270,8 @@ class RankStream:
         self.bar: bytes | None = None  # the bar's last (non-blank) state; None: no bar on this line
         self.tail = bytearray()
         self.closed = False
+        if console is not None and group is not None:
+            console.collapser.open(self, stream)
 
     def line_ended_elsewhere(self) -> None:
         """The console ended our open line (another rank wrote): our next piece starts a fresh prefixed line."""
@@ -273,6 +309,8 @@ class RankStream:
         if self.console.open is self:
             self.console.end_open_line()
         self.at_line_start = True
+        if self.group is not None:
+            self.console.closed(self)
 
     def _emit(self, piece: bytes) -> None:
         if self.file is not None:
@@ -298,6 +336,9 @@ class RankStream:
             self.at_line_start, self.after_cr = True, True
             return
         ends_line = piece.endswith(b"\n")
+        if ends_line and self.at_line_start and self.group is not None:
+            console.said(self, piece)
+            return
         console.write(self, head + piece, leaves_open=not ends_line)
         self.at_line_start = ends_line
 

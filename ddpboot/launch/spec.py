@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import signal
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntFlag
 from pathlib import Path
 from typing import Any
 
 from ddpboot.launch.pymain import TargetKind
+from ddpboot.selection.affinity import format_cpu_list
 from ddpboot.tcpstore.allow import AllowList
 from ddpboot.units import OptionChoice
 
@@ -91,16 +92,26 @@ class LinePrefix:
             rank=rank, local_rank=local_rank, node_rank=node_rank, role_name=self.role_name, hostname=self.hostname)
         return text.encode(errors="replace")
 
+    def render_group(self, ranks: Sequence[tuple[int, int, int]]) -> bytes:
+        """The prefix of a line several ranks said alike (collapse.py): each field as the list of its values,
+        `[rank0-3]: ` from (rank, local_rank, node_rank) of ranks 0 to 3."""
+        rank, local_rank, node_rank = (format_cpu_list(sorted(set(values))) for values in zip(*ranks, strict=True))
+        text = string.Template(self.template).substitute(
+            rank=rank, local_rank=local_rank, node_rank=node_rank, role_name=self.role_name, hostname=self.hostname)
+        return text.encode(errors="replace")
+
 
 @dataclass(frozen=True)
 class Routing:
     """Where each local rank's stdout/stderr go. `files[r]`: streams written to the rank's log file;
     `console[r]`: streams shown on the launcher's console (after the rank filters); `prefix`: what begins each
-    console line (None: nothing, `--no-prefix`)."""
+    console line (None: nothing, `--no-prefix`); `collapse`: a line several ranks say alike is shown once, the
+    ranks named in its prefix (collapse.py; off with --no-collapse, and without a prefix to name them in)."""
 
     files: dict[int, Std] = field(default_factory=dict)
     console: dict[int, Std] = field(default_factory=dict)
     prefix: LinePrefix | None = field(default_factory=LinePrefix)
+    collapse: bool = True
 
     def to_file(self, local_rank: int, stream: Std) -> bool:
         return bool(self.files.get(local_rank, Std.NONE) & stream)
@@ -111,6 +122,10 @@ class Routing:
     def line_prefix(self, rank: int, local_rank: int, node_rank: int) -> bytes:
         """The console prefix of one worker (b"" without one)."""
         return b"" if self.prefix is None else self.prefix.render(rank, local_rank, node_rank)
+
+    def group_prefix(self) -> LinePrefix | None:
+        """The template that names the ranks of a collapsed line; None: lines are not collapsed."""
+        return self.prefix if self.collapse else None
 
 
 GPU_WATCH_EXIT = 125  # the job's exit code when `--gpu-watch strict` ended it

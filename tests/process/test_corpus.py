@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, TIMEOUT, clean_env, ddpboot_exe, gone, tagged, wait_for
+from tests.support import SCRIPTS, TIMEOUT, clean_env, ddpboot_exe, gone, ranks_named, tagged, wait_for
 
 CORPUS = SCRIPTS / "corpus"
 LAUNCHERS = ("ddpboot", "torchrun")
@@ -200,8 +200,11 @@ def test_unguarded_device_count_check_exits_alike(tmp_path: Path) -> None:
     """Pattern 3 as the examples write it: without GPUs every rank prints the message and exits 0 at once."""
     jobs = run_both("device_count_check.py", [], tmp_path)
     assert_same_outcome(jobs, ok=True)
+    said = "Unable to locate sufficient 2 gpus to run this example. Exiting."
+    assert jobs["torchrun"].stdout.count(said) == 2, str(jobs["torchrun"])
+    # ddpboot: once naming both ranks when they print it within the collapse window, else once per rank
+    assert sorted(ranks_named(jobs["ddpboot"].stdout, said)) == [0, 1], str(jobs["ddpboot"])
     for job in jobs.values():
-        assert job.stdout.count("Unable to locate sufficient 2 gpus to run this example. Exiting.") == 2, str(job)
         assert job.results == {}
 
 

@@ -22,6 +22,7 @@ from tests.support import (
     ddpboot_exe,
     finish,
     launch_env,
+    ranks_named,
     render_terminal,
     run_launcher,
     start_launcher,
@@ -176,7 +177,7 @@ def test_progress_bars_of_two_ranks_in_a_pipe_and_on_a_terminal(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     first, last = " 0/20|", "20/20|" + "#" * 20
     assert _bar_lines(proc.stderr.splitlines()) == {0: [first, last], 1: [first, last]}, proc.stderr
-    assert sorted(ln for ln in proc.stdout.splitlines()) == ["[rank0]: done", "[rank1]: done"]
+    assert ranks_named(proc.stdout, "done") == [0, 1], proc.stdout  # once, or once per rank: never lost
 
     args, env = _bars_job(tmp_path, "tty")
     master, slave = os.openpty()
@@ -200,7 +201,64 @@ def test_progress_bars_of_two_ranks_in_a_pipe_and_on_a_terminal(tmp_path: Path) 
     assert term.wait(10) == 0, shown
     screen = render_terminal(shown)
     assert _bar_lines(screen) == {0: [last], 1: [last]}, screen
-    assert sorted(ln for ln in screen if ln.endswith("done")) == ["[rank0]: done", "[rank1]: done"], screen
+    assert sorted(ranks_named("\n".join(screen), "done")) == [0, 1], screen
+
+
+SAME_WARNING = """import os, sys, warnings
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.barrier()  # the four ranks warn at the same moment
+warnings.warn("this option is deprecated", UserWarning)
+sys.stderr.flush()
+print(f"rank {rank} has its own line", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_warning_every_rank_prints_is_shown_once_naming_the_ranks(tmp_path: Path) -> None:
+    """4 gloo ranks warn alike at once: the console shows it once, `[rank0-3]: `; each rank's own line is shown once
+    per rank; the log files keep every copy; with --no-collapse every rank's copy is shown."""
+    script = tmp_path / "same_warning.py"
+    script.write_text(SAME_WARNING)
+    logs = tmp_path / "logs"
+    warning = f"{script}:6: UserWarning: this option is deprecated"
+    env = launch_env(tmp_path)
+    proc = run_launcher(["--cpu", "--nproc", "4", "--log-dir", str(logs), "--rdzv-id", "r", str(script)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if warning in ln] == [f"[rank0-3]: {warning}"], proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[rank{r}]: rank {r} has its own line" for r in range(4)]
+    for r in range(4):
+        kept = (logs / "r" / "attempt_0" / f"rank{r}.log").read_text().splitlines()
+        assert warning in kept and f"rank {r} has its own line" in kept, kept
+
+    plain = run_launcher(["--cpu", "--nproc", "4", "--no-collapse", str(script)], env)
+    assert plain.returncode == 0, plain.stderr
+    assert sorted(ln for ln in plain.stderr.splitlines() if warning in ln) == [
+        f"[rank{r}]: {warning}" for r in range(4)], plain.stderr
+    assert sorted(plain.stdout.splitlines()) == [f"[rank{r}]: rank {r} has its own line" for r in range(4)]
+    by_variable = run_launcher(["--cpu", "--nproc", "4", str(script)], {**env, "DDPBOOT_NO_COLLAPSE": "1"})
+    assert by_variable.returncode == 0, by_variable.stderr
+    assert sum(warning in ln for ln in by_variable.stderr.splitlines()) == 4, by_variable.stderr
+
+
+def test_collapse_names_only_the_ranks_the_console_shows(tmp_path: Path) -> None:
+    """--local-ranks-filter 1,2: the warning of ranks 1 and 2 once, `[rank1-2]: `; -t 2 (stderr teed: on the console
+    and in the files): each rank's file keeps its copy, the console shows it once."""
+    script = tmp_path / "same_warning.py"
+    script.write_text(SAME_WARNING)
+    warning = f"{script}:6: UserWarning: this option is deprecated"
+    logs = tmp_path / "logs"
+    args = ["--cpu", "--nproc", "4", "--local-ranks-filter", "1,2", "--log-dir", str(logs), "--rdzv-id", "r",
+            "-t", "2", str(script)]
+    proc = run_launcher(args, launch_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if warning in ln] == [f"[rank1-2]: {warning}"], proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[rank{r}]: rank {r} has its own line" for r in (1, 2)]
+    for r in range(4):  # every rank's file, shown on the console or not; stderr only (-t 2)
+        kept = (logs / "r" / "attempt_0" / f"rank{r}.log").read_text().splitlines()
+        assert warning in kept and f"rank {r} has its own line" not in kept, kept
 
 
 def test_redirects_and_tee_maps_work_for_rank_10(tmp_path: Path) -> None:

@@ -131,6 +131,7 @@ def _make_worker(setup: AttemptSetup, ctx: EnvContext, slot: RankSlot, paths: At
             setup.console if routing.to_console(slot.local_rank, which) else None,
             log if routing.to_file(slot.local_rank, which) else None,
             prefix=routing.line_prefix(slot.rank, slot.local_rank, setup.plan.node_rank),
+            group=routing.group_prefix(), slot=(slot.local_rank, setup.plan.node_rank),
         )
 
     own = worker_vars(setup.plan, slot, ctx, setup.base_env, str(error_file))

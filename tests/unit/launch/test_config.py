@@ -18,7 +18,7 @@ from ddpboot.launch.options import (
     target_kind,
 )
 from ddpboot.launch.rundir import temporary_log_base
-from ddpboot.launch.spec import Std, StoreBackend
+from ddpboot.launch.spec import Routing, Std, StoreBackend
 from ddpboot.selection.affinity import NumaPolicy
 from ddpboot.selection.inventory import fake_inventory
 from ddpboot.selection.planner import Plan, make_plan
@@ -90,6 +90,15 @@ def test_the_line_prefix_template_and_its_sources(script: str) -> None:
     with pytest.raises(UsageError, match=r"unknown name \$\{rnak\}.*came from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
         build(RunOptions(script=script, log_line_prefix_template="${rnak}", from_env=from_env),
               {"DDPBOOT_FAKE_GPUS": "4", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${rnak}"}, Path(script).parent)
+
+
+def test_lines_said_alike_are_collapsed_unless_no_collapse_or_no_prefix(script: str) -> None:
+    def routing(**options: object) -> Routing:
+        return configure(script, **options).output.routing(plan(2))  # type: ignore[attr-defined, no-any-return]
+
+    assert routing().collapse and routing().group_prefix() == routing().prefix
+    assert not routing(no_collapse=True).collapse and routing(no_collapse=True).group_prefix() is None
+    assert routing(no_prefix=True).group_prefix() is None  # no prefix to name the ranks in: every copy is shown
 
 
 @pytest.mark.parametrize(

@@ -314,3 +314,125 @@ def test_the_line_prefix_template_fills_every_field() -> None:
     assert prefix.render(13, 5, 1) == b"gpu07 n1 trainer5 r13 $ "
     assert Routing(prefix=prefix).line_prefix(2, 2, 0) == b"gpu07 n0 trainer2 r2 $ "
     assert Routing().line_prefix(9, 1, 1) == b"[rank9]: " and Routing(prefix=None).line_prefix(9, 1, 1) == b""
+
+
+# --- lines several ranks say alike, shown once (collapse.py's rule, the Console's side) -------------------------
+
+
+def collapsing(cap: Capture, n: int, std: Std = Std.ERR, prefix: LinePrefix | None = None,
+               file: LogFile | None = None) -> list[RankStream]:
+    line = prefix or LinePrefix()
+    return [RankStream(r, std, cap.console, file, prefix=line.render(r, r, 0), group=line, slot=(r, 0))
+            for r in range(n)]
+
+
+def ended(cap: Capture, ranks: list[RankStream]) -> tuple[bytes, bytes]:
+    """The console's stdout and stderr once every rank's stream has ended."""
+    for s in ranks:
+        s.close()
+    return cap.read()
+
+
+def test_a_line_every_rank_says_is_shown_once_naming_the_ranks() -> None:
+    cap = Capture()
+    ranks = collapsing(cap, 4)
+    for s in ranks:
+        s.feed(b"UserWarning: deprecated\n")
+    for r, s in enumerate(ranks):
+        s.feed(b"rank %d done\n" % r)
+    _, err = ended(cap, ranks)
+    assert err == (b"[rank0-3]: UserWarning: deprecated\n"
+                   + b"".join(b"[rank%d]: rank %d done\n" % (r, r) for r in range(4)))
+
+
+def test_a_held_line_waits_for_its_window_then_is_shown() -> None:
+    clock = Clock()
+    cap = Capture(clock)
+    ranks = collapsing(cap, 3)
+    ranks[0].feed(b"W\n")
+    ranks[2].feed(b"W\n")
+    assert cap.console.wait_time(None) == pytest.approx(0.2) and cap.console.wait_time(0.05) == 0.05
+    clock.now = 0.1
+    cap.console.show_due()
+    ranks[1].feed(b"W\n")  # within the window: joins
+    clock.now = 0.2
+    cap.console.show_due()
+    assert cap.console.wait_time(None) is None
+    ranks[1].feed(b"W\n")  # a new window
+    clock.now = 0.5
+    cap.console.show_due()
+    _, err = ended(cap, ranks)
+    assert err == b"[rank0-2]: W\n[rank1]: W\n"
+
+
+def test_the_template_names_the_ranks_in_each_field() -> None:
+    cap = Capture()
+    line = LinePrefix("${hostname}:${node_rank}:${local_rank}/${rank} ${role_name}| ", "trainer", "node7")
+    ranks = [RankStream(r + 4, Std.OUT, cap.console, None, prefix=line.render(r + 4, r, 1), group=line,
+                        slot=(r, 1)) for r in range(3)]
+    for s in (ranks[2], ranks[0]):
+        s.feed(b"same\n")
+    ranks[1].feed(b"other\n")
+    out, _ = ended(cap, ranks)
+    assert out == b"node7:1:0,2/4,6 trainer| same\nnode7:1:1/5 trainer| other\n"
+
+
+def test_what_a_rank_holds_is_shown_before_its_other_output_and_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "MAX_PENDING", 8)
+    cap = Capture()
+    a, b, c = collapsing(cap, 3)
+    a.feed(b"held\n")
+    a.feed(b"p" * logs.MAX_PENDING)  # a part of a long line, left open: what rank 0 holds goes first
+    b.feed(b"mine\n")
+    cap.console.message("ddpboot: a note")  # the launcher's own line: everything held goes first
+    c.feed(b"\r1/9")  # a bar is never held
+    _, err = ended(cap, [a, b, c])
+    long = b"p" * 8
+    assert err == b"[rank0]: held\n[rank0]: " + long + b"\n[rank1]: mine\nddpboot: a note\n[rank2]: 1/9\n"
+
+
+def test_a_bars_redraw_shows_what_its_rank_holds_first() -> None:
+    cap = Capture()
+    a, b = collapsing(cap, 2)
+    a.feed(b"starting\n")
+    a.feed(b"\r1/9")
+    b.feed(b"starting\n")
+    a.feed(b"\n")
+    _, err = ended(cap, [a, b])
+    assert err == b"[rank0]: starting\n[rank0]: 1/9\n[rank1]: starting\n"
+
+
+def test_files_get_every_ranks_copy(tmp_path: Path) -> None:
+    cap = Capture()
+    files = [LogFile(tmp_path / f"rank{r}.log") for r in range(2)]
+    ranks = [RankStream(r, Std.OUT, cap.console, files[r], group=LinePrefix(), slot=(r, 0)) for r in range(2)]
+    for s in ranks:
+        s.feed(b"same\n")
+        s.close()
+    out, _ = cap.read()
+    assert out == b"[rank0-1]: same\n"
+    assert [(tmp_path / f"rank{r}.log").read_bytes() for r in range(2)] == [b"same\n", b"same\n"]
+
+
+def test_without_a_group_prefix_every_copy_is_shown() -> None:
+    cap = Capture()
+    ranks = [RankStream(r, Std.OUT, cap.console, None) for r in range(2)]
+    for s in ranks:
+        s.feed(b"same\n")
+    out, _ = ended(cap, ranks)
+    assert out == b"[rank0]: same\n[rank1]: same\n"
+
+
+def test_torchs_own_prefix_is_collapsed_like_the_rest() -> None:
+    cap = Capture()
+    ranks = collapsing(cap, 2)
+    for r, s in enumerate(ranks):
+        s.feed(b"[rank%d]: Traceback (most recent call last):\n" % r)
+    _, err = ended(cap, ranks)
+    assert err == b"[rank0-1]: Traceback (most recent call last):\n"
+
+
+def test_routing_collapses_only_with_a_prefix_and_not_under_no_collapse() -> None:
+    assert Routing().group_prefix() == LinePrefix()
+    assert Routing(collapse=False).group_prefix() is None
+    assert Routing(prefix=None).group_prefix() is None
