@@ -163,6 +163,14 @@ class TaskEnvironment(ClusterEnvironment):
     started_by: ClassVar[str]
     """The launcher's command, as the worker's messages name it."""
 
+    def __init_subclass__(cls, *, name: str, local_rank_var: str, task_noun: str, started_by: str,
+                          **kwargs: object) -> None:
+        """Each such launcher says on its class line what the worker's messages call it: its environment's name,
+        what gives the local rank, a task, and the command that starts the tasks
+        (`class MpiEnvironment(TaskEnvironment, name="mpi", ...)`)."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.local_rank_var, cls.task_noun, cls.started_by = name, local_rank_var, task_noun, started_by
+
     @abc.abstractmethod
     def fewer_tasks(self, visible_count: int) -> str:
         """How to start no more tasks on a node than the `visible_count` GPUs each of them sees."""

@@ -13,7 +13,6 @@ MASTER_PORT, else a port derived from the job step (PMIX_NAMESPACE, which jsrun 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
 
 from ddpboot.cluster.base import (
     TaskEnvironment,
@@ -58,15 +57,11 @@ def lsf_hosts(env: Mapping[str, str]) -> list[str]:
     return [host for host, slots in zip(words[::2], words[1::2], strict=True) for _ in range(int(slots))]
 
 
-class JsrunEnvironment(TaskEnvironment):
+class JsrunEnvironment(TaskEnvironment, name="lsf", local_rank_var=_LOCAL_RANK, task_noun="jsrun task",
+                       started_by="jsrun"):
     """One jsrun task per rank (`jsrun -n 8 -a 1 -g 1 python train.py`): ranks from JSM_NAMESPACE_*. jsrun's `-g`
     usually gives each resource set its own GPUs already; where a task sees the node's, it takes the one of its local
     rank."""
-
-    name: ClassVar[str] = "lsf"
-    local_rank_var: ClassVar[str] = _LOCAL_RANK
-    task_noun: ClassVar[str] = "jsrun task"
-    started_by: ClassVar[str] = "jsrun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 from ddpboot.cluster.base import (
     TaskEnvironment,
@@ -119,13 +119,9 @@ def launcher_pid(names: frozenset[str] = LAUNCHER_PROCESSES, proc: Path = PROC) 
     return None
 
 
-class MpiEnvironment(TaskEnvironment):
+class MpiEnvironment(TaskEnvironment, name="mpi", local_rank_var="the MPI local rank", task_noun="MPI rank",
+                     started_by="mpirun"):
     """One MPI rank per process (`mpirun -np 4 python train.py`): ranks from the MPI launcher's variables."""
-
-    name: ClassVar[str] = "mpi"
-    local_rank_var: ClassVar[str] = "the MPI local rank"
-    task_noun: ClassVar[str] = "MPI rank"
-    started_by: ClassVar[str] = "mpirun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 from ddpboot.cluster.base import (
     TaskEnvironment,
@@ -117,13 +117,9 @@ def pbs_node_info(env: Mapping[str, str], nnodes: int | None = None, step: str =
     return PbsNodeInfo(len(hosts), node, hosts[0], pbs_port(env, step))
 
 
-class PbsEnvironment(TaskEnvironment):
+class PbsEnvironment(TaskEnvironment, name="pbs", local_rank_var="the PBS local rank", task_noun="pbsdsh task",
+                     started_by="pbsdsh"):
     """One pbsdsh task per slot of the node file (`pbsdsh python train.py`, or `pbsdsh -- bash -lc '...'`)."""
-
-    name: ClassVar[str] = "pbs"
-    local_rank_var: ClassVar[str] = "the PBS local rank"
-    task_noun: ClassVar[str] = "pbsdsh task"
-    started_by: ClassVar[str] = "pbsdsh"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 from ddpboot.cluster.base import (
     PORT_BASE,
@@ -165,17 +165,13 @@ def _tasks_per_node(env: Mapping[str, str], nnodes_var: str, nnodes: int) -> tup
     return var, counts
 
 
-class SlurmEnvironment(TaskEnvironment):
+class SlurmEnvironment(TaskEnvironment, name="slurm", local_rank_var="SLURM_LOCALID", task_noun="srun task",
+                       started_by="srun"):
     """One srun task per rank (`srun --ntasks-per-node=G python train.py`): ranks from SLURM_* variables.
 
     Detected only inside a srun step with more than one task: a single task is as good as plain python, and the
     batch script (which also has SLURM_PROCID=0) is not a step.
     """
-
-    name: ClassVar[str] = "slurm"
-    local_rank_var: ClassVar[str] = "SLURM_LOCALID"
-    task_noun: ClassVar[str] = "srun task"
-    started_by: ClassVar[str] = "srun"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
