@@ -8,10 +8,11 @@ PY := $(VENV)/bin/python
 # that has torch already with `make VENV=/path/to/env`.
 TORCH_SPEC ?= torch==2.13.0
 NPROC ?= 2
-# pytest-xdist workers for `make test`: much of the suite waits (for ranks to start, for deadlines), so two workers
-# keep a 2-core machine busy. Each file runs in one worker, in order (tests/conftest.py keeps the files that
-# share the SLURM cluster or the GPUs in one worker).
-TEST_WORKERS ?= 2
+# pytest-xdist workers for `make test`: much of the suite waits (for ranks to start, for deadlines), so on a 2-core
+# machine two workers leave a core idle most of the time and four keep both busy (benchmarks/RESULTS.md: 16.4 min
+# with two on the CI machine, 9.9 min with four on the same kind). Each file runs in one worker, in order
+# (tests/conftest.py keeps the files that share the SLURM cluster or the GPUs in one worker).
+TEST_WORKERS ?= 4
 
 .PHONY: venv demo test test-unit test-gpu lint typecheck check bench bench-slurm clean
 

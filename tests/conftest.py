@@ -1,5 +1,5 @@
 """Fixtures shared by the suites; plain helpers live in tests/support.py. And how `make test` spreads the suite over
-pytest-xdist's workers (`-n 2 --dist loadfile`): each file's tests in one worker, in order (they share module
+pytest-xdist's workers (`-n 4 --dist loadfile`): each file's tests in one worker, in order (they share module
 fixtures and jobs), and the files that share the SLURM test cluster or the GPUs in one worker, first."""
 
 from __future__ import annotations
