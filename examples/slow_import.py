@@ -1,4 +1,4 @@
-"""A job slow to start on one rank: rank 1 spends 4 s importing (as a package on a slow shared filesystem would
+"""A job slow to start on one rank: rank 1 spends 8 s importing (as a package on a slow shared filesystem would
 make it), and ddpboot's `start-up` line names that rank and phase.
 
     ddpboot --cpu --nproc 2 examples/slow_import.py
@@ -11,7 +11,7 @@ import sys
 import time
 
 if os.environ.get("RANK") == "1":
-    time.sleep(4.0)  # the slow import
+    time.sleep(8.0)  # the slow import
 
 import torch.distributed as dist
 

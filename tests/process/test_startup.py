@@ -1,4 +1,4 @@
-"""The start-up waterfall of real 2-rank gloo jobs: one whose rank 1 spends 4 s in its imports prints one
+"""The start-up waterfall of real 2-rank gloo jobs: one whose rank 1 spends 8 s in its imports prints one
 `ddpboot: start-up` line naming rank 1 and its imports, with every rank's phases in status.json's record; one whose
 ranks start alike prints none."""
 
@@ -24,12 +24,16 @@ def _run(tmp_path: Path, *extra: str, **env: str) -> tuple[list[str], str]:
 
 
 def test_a_rank_slow_in_its_imports_is_named_once(tmp_path: Path) -> None:
-    lines, err = _run(tmp_path, SLOW_RANK="1", SLOW_SECONDS="4")
+    """Rank 1 sleeps before it imports torch. 4 s is plenty where torch's own import takes about as long in every
+    rank; on a loaded 2-core machine (the suite's four workers) that import alone varies by several seconds between
+    the two ranks, and rank 0, importing while rank 1 sleeps, can take 3 s longer than rank 1 does after it: 8 s keep
+    rank 1 past the rule's margin (LOSS_MIN more, LOSS_RATIO times as long) whatever the load."""
+    lines, err = _run(tmp_path, SLOW_RANK="1", SLOW_SECONDS="8")
     assert len(lines) == 1, err
     assert lines[0].startswith("ddpboot: start-up ") and ": slowest rank 1: imports " in lines[0], lines
     took, others = (float(x) for x in lines[0].split(": imports ")[1].removesuffix(" s)").split(
         " s (the others at most "))
-    assert took >= 4.0 and took - others >= LOSS_MIN, lines
+    assert took >= 8.0 and took - others >= LOSS_MIN, lines
 
 
 @pytest.mark.parametrize("fast_start", [False, True])
