@@ -9,8 +9,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 NPROC ?= 2
 # pytest-xdist workers for `make test`: much of the suite waits (for ranks to start, for deadlines), so on a 2-core
-# machine two workers leave a core idle most of the time and four keep both busy (benchmarks/RESULTS.md: 16.4 min
-# with two on the CI machine, 9.9 min with four on the same kind). Each file runs in one worker, in order
+# machine two workers leave a core idle much of the time and four keep both busy (benchmarks/RESULTS.md gives the
+# suite's time per tier and worker count). Each file runs in one worker, in order
 # (tests/conftest.py keeps the files that share the SLURM cluster or the GPUs in one worker).
 TEST_WORKERS ?= 4
 
