@@ -356,8 +356,9 @@ def probe_hosts(job: HostsJob, timeout: float = PROBE_TIMEOUT) -> list[Answer]:
     for conn in conns:
         os.close(conn.pidfd)
         for stream in (conn.proc.stdin, conn.proc.stdout, conn.proc.stderr):
-            if stream is not None:
-                stream.close()
+            if stream is not None:  # the hello still buffered for a host that left at once (its ssh refused) cannot
+                with contextlib.suppress(OSError):  # be flushed now: its exit code says why, not this close
+                    stream.close()
     if open_fds:
         slow = ", ".join(sorted({conns[i].spec.host.name for i in open_fds.values()}))
         raise UsageError(f"no plan from {slow} within {timeout:g} s: check that `ssh HOST true` answers at once.")
