@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -159,11 +160,29 @@ def base_keys() -> set[str]:
     return set(launch_env(Path("/nonexistent")))
 
 
+# Ports handed to tests: below the kernel's ephemeral range (32768-60999 by default), where no outgoing connection
+# takes one between free_port() and the launcher's bind, and one slice per pytest-xdist worker, so that two tests
+# running at once never get the same port (torchrun's own defaults left out).
+PORT_SLICE = 1500
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A port free at this moment (for tests that must name one; the launcher itself binds its own)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free at this moment (for tests that must name one; the launcher itself binds its own), in this
+    worker's slice of the ports below the ephemeral range, not given before in this session."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = 20000 + (int(worker) if worker.isdigit() else 0) % 8 * PORT_SLICE
+    candidates = [p for p in range(low, low + PORT_SLICE) if p not in _given and p not in (29400, 29500)]
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise AssertionError(f"no free port left in {low}-{low + PORT_SLICE - 1}")
 
 
 def as_uid(uid: int, work: Callable[[], list[str]]) -> list[str]:

@@ -35,10 +35,11 @@ data = {
 (Path(os.environ["LAUNCH_TEST_OUT"]) / f"probe{rank}.json").write_text(json.dumps(data))
 print(f"rank {rank} probed", flush=True)
 print(f"rank {rank} on stderr", file=sys.stderr, flush=True)
+(Path(os.environ["LAUNCH_TEST_OUT"]) / f"said{rank}").touch()  # both lines are in the launcher's pipes
 code = int(os.environ.get("WARM_PROBE_EXIT", "0"))
-if code and rank == "0":  # fail only once every rank has probed (fail-fast would stop the others)
+if code and rank == "0":  # fail only once every rank has probed and said its lines (fail-fast stops the others)
     import time
 
-    while not (Path(os.environ["LAUNCH_TEST_OUT"]) / "probe1.json").exists():
+    while not (Path(os.environ["LAUNCH_TEST_OUT"]) / "said1").exists():
         time.sleep(0.01)
 sys.exit(code if rank == "0" else 0)
