@@ -117,9 +117,9 @@ def peak_rss(pid: int, proc: Path = PROC) -> int | None:
     return None
 
 
-def cgroups(pid: int, proc: Path = PROC) -> list[tuple[str, str]] | None:
-    """The process's cgroups (/proc/PID/cgroup): (controllers, path) per hierarchy, "" for cgroup v2's one
-    hierarchy; None when gone."""
+def cgroups(pid: int | str, proc: Path = PROC) -> list[tuple[str, str]] | None:
+    """The process's cgroups (/proc/PID/cgroup; `pid` "self": this process's): (controllers, path) per hierarchy,
+    "" for cgroup v2's one hierarchy; None when gone."""
     try:
         text = (proc / str(pid) / "cgroup").read_text(errors="replace")
     except OSError:
@@ -145,3 +145,11 @@ def cpu_limit(pid: int, proc: Path = PROC) -> tuple[float | None, float | None] 
             soft, hard = words[3], words[4]
             return (None if soft == "unlimited" else float(soft)), (None if hard == "unlimited" else float(hard))
     return None, None
+
+
+def wait_channel(pid: int, proc: Path = PROC) -> str:
+    """The kernel function a process sleeps in (/proc/PID/wchan), '?' when unknown."""
+    try:
+        return (proc / str(pid) / "wchan").read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ddpboot.cluster.base import first_set
 from ddpboot.cluster.mpi import Flavour, mpi_flavour
+from ddpboot.procfs import cgroups
 from ddpboot.selection.affinity import format_cpu_list, parse_cpu_list
 from ddpboot.selection.planner import Plan
 
@@ -76,12 +77,10 @@ def _flavour_note(flavour: Flavour) -> str:
 def cgroup_cpus(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> list[int] | None:
     """The CPUs this process's cgroup allows (cgroup v2 `cpuset.cpus.effective`, or v1's cpuset), or None where
     none can be read."""
-    try:
-        lines = Path(f"{proc}/self/cgroup").read_text().splitlines()
-    except OSError:
+    found = cgroups("self", Path(proc))
+    if found is None:
         return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for controllers, path in found:
         rel = path.lstrip("/")
         if controllers == "":  # v2: walk up to the nearest cgroup that lists them
             candidates = [Path(cgroup_root, rel, "cpuset.cpus.effective"), Path(cgroup_root, "cpuset.cpus.effective")]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddpboot.launch.observe.base import Answer, Job, Observer, Running
 from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX
-from ddpboot.procfs import PROC, read_stat
+from ddpboot.procfs import PROC, read_stat, wait_channel
 
 TIMEOUT_VAR = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"
 CHECK_INTERVAL = 1.0  # seconds between two reads of the ranks' states
@@ -26,13 +26,7 @@ def read_state(pid: int, proc: Path = PROC) -> tuple[str, str] | None:
     stat = read_stat(pid, proc)
     if stat is None:
         return None
-    wchan = ""
-    if stat.state == "D":
-        try:
-            wchan = (proc / str(pid) / "wchan").read_text(errors="replace").strip() or "?"
-        except OSError:
-            wchan = "?"
-    return stat.state, wchan
+    return stat.state, wait_channel(pid, proc) if stat.state == "D" else ""
 
 
 def parse_timeout(env: Mapping[str, str]) -> float | None:

@@ -15,6 +15,7 @@ from ddpboot.launch.observe.stacks.collect import describe_gpus
 from ddpboot.launch.observe.stacks.dump import VERDICT_PREFIX
 from ddpboot.launch.supervisor.decisions import STUCK_REPORT
 from ddpboot.launch.supervisor.workers import AttemptResult, Worker, describe_status
+from ddpboot.procfs import wait_channel
 from ddpboot.selection.planner import Plan
 from ddpboot.units import plural
 
@@ -104,21 +105,12 @@ def report_unkillable(workers: Sequence[Worker], console: Console) -> None:
             continue
         if pgid in groups:
             lines.append(f"  rank {groups[pgid].slot.rank}: pid {proc.info['pid']} ({proc.info['name']}), state "
-                         f"{proc.info['status']}, in {_wait_channel(proc.info['pid'])}")
+                         f"{proc.info['status']}, in {wait_channel(proc.info['pid'])}")
     if lines:
         console.message(
             f"ddpboot: {len(lines)} process{'es' if len(lines) > 1 else ''} still alive {STUCK_REPORT:g} s after "
             "SIGKILL (stuck in the kernel; waiting for them):\n" + "\n".join(lines)
         )
-
-
-def _wait_channel(pid: int) -> str:
-    """The kernel function a process sleeps in (/proc/PID/wchan), '?' when unknown."""
-    try:
-        with open(f"/proc/{pid}/wchan") as f:
-            return f.read().strip() or "?"
-    except OSError:
-        return "?"
 
 
 def rank_isolated_gpus(plan: Plan) -> bool:
