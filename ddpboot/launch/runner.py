@@ -116,10 +116,7 @@ def preview_plan(request: Request, nodes: NodeSetup, env: Mapping[str, str]) -> 
     inventory = load_inventory(env)
     held = current_holders([u.uuid for u in inventory.units()], lock_dir(env))
     locked = {u: h.describe() for u, h in held.items()}
-    bad = failing_gpus(inventory, env)
-    plan = on_launcher_cpus(lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked,
-                                                   failing=bad), env)
-    return _with_nodes(plan, nodes)
+    return _with_nodes(_plan_with(request, inventory, env, locked), nodes)
 
 
 def _with_nodes(plan: Plan, nodes: NodeSetup) -> Plan:
@@ -231,7 +228,7 @@ def _planned(config: LaunchConfig, stack: contextlib.ExitStack, gpus: Inventory 
     """The plan, its GPUs reserved (`stack` lets their locks go), and what the launcher says about it first."""
     for note in config.notes:
         say(f"note: {note}")
-    plan, locks = _reserve(config) if gpus is None else (_plan_with(config, gpus, {}), None)
+    plan, locks = _reserve(config) if gpus is None else (_plan_with(config.request, gpus, config.env, {}), None)
     if locks is not None:
         stack.callback(locks.release)
     for note in plan.notes:
@@ -268,7 +265,7 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
     env, request = config.env, config.request
     return reserve(
         lambda: load_inventory(env),
-        lambda inventory, locked: _plan_with(config, inventory, locked),
+        lambda inventory, locked: _plan_with(config.request, inventory, config.env, locked),
         lock_dir(env),
         wait=config.wait_for_gpus,
         progress=say,
@@ -277,10 +274,11 @@ def _reserve(config: LaunchConfig) -> tuple[Plan, GpuLocks | None]:
     )
 
 
-def _plan_with(config: LaunchConfig, inventory: Inventory, locked: Mapping[str, str]) -> Plan:
-    env = config.env
+def _plan_with(request: Request, inventory: Inventory, env: Mapping[str, str], locked: Mapping[str, str]) -> Plan:
+    """The plan of `request` on `inventory` with these GPUs held (`locked`) and the ledger's failing ones left out,
+    on the CPUs the launcher may use."""
     failing = failing_gpus(inventory, env)
-    return on_launcher_cpus(lambda cpus: make_plan(config.request, inventory, env, allowed_cpus=cpus, locked=locked,
+    return on_launcher_cpus(lambda cpus: make_plan(request, inventory, env, allowed_cpus=cpus, locked=locked,
                                                    failing=failing), env)
 
 
